@@ -1,0 +1,192 @@
+//! Owned, aligned I/O buffers.
+//!
+//! Every buffer handed to a [`Device`](super::Device) is an [`AlignedBuf`]: memory
+//! aligned to [`MEM_ALIGN`] (so that O_DIRECT accepts it) and owned, so that an engine
+//! can keep it while the device works and hand it back with the result, even on error.
+//!
+//! Buffers come from the heap or from an [`Arena`]: one mapping carved into
+//! block-sized slots, which the io_uring engine registers once per ring as a fixed
+//! buffer (the user-space analogue of a pre-DMA-mapped page pool). A slot returns to
+//! its arena when its buffer is dropped.
+
+use parking_lot::Mutex;
+use std::alloc::Layout;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// Alignment of buffer memory. 4 KiB satisfies O_DIRECT on every device we target.
+pub const MEM_ALIGN: usize = 4096;
+
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+    origin: Origin,
+}
+
+enum Origin {
+    Heap { cap: usize },
+    Arena { arena: Arc<Arena>, slot: u32 },
+}
+
+// SAFETY: the buffer owns its memory exclusively; the arena slot is never handed out twice.
+unsafe impl Send for AlignedBuf {}
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// A zeroed heap buffer of `len` bytes.
+    pub fn new(len: usize) -> AlignedBuf {
+        let cap = len.max(1).next_multiple_of(MEM_ALIGN);
+        let layout = Layout::from_size_align(cap, MEM_ALIGN).expect("buffer layout");
+        // SAFETY: layout has non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        AlignedBuf {
+            ptr,
+            len,
+            origin: Origin::Heap { cap },
+        }
+    }
+
+    pub fn from_slice(data: &[u8]) -> AlignedBuf {
+        let mut b = AlignedBuf::new(data.len());
+        b.copy_from_slice(data);
+        b
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// The arena this buffer lives in, if any (the io_uring engine uses fixed I/O then).
+    pub fn arena(&self) -> Option<&Arc<Arena>> {
+        match &self.origin {
+            Origin::Arena { arena, .. } => Some(arena),
+            Origin::Heap { .. } => None,
+        }
+    }
+}
+
+impl std::ops::Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: ptr is valid for len bytes for the buffer's lifetime.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and we hold &mut self.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        match &self.origin {
+            Origin::Heap { cap } => {
+                let layout = Layout::from_size_align(*cap, MEM_ALIGN).expect("buffer layout");
+                // SAFETY: allocated in `new` with this layout.
+                unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) }
+            }
+            Origin::Arena { arena, slot } => arena.free.lock().push(*slot),
+        }
+    }
+}
+
+impl std::fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AlignedBuf({} bytes)", self.len)
+    }
+}
+
+/// One anonymous mapping carved into `slot_size` slots.
+pub struct Arena {
+    base: NonNull<u8>,
+    slot_size: usize,
+    slots: usize,
+    free: Mutex<Vec<u32>>,
+}
+
+// SAFETY: the mapping lives as long as the arena; slots are handed out exclusively.
+unsafe impl Send for Arena {}
+unsafe impl Sync for Arena {}
+
+impl Arena {
+    pub fn new(slot_size: usize, slots: usize) -> std::io::Result<Arc<Arena>> {
+        assert!(slot_size % MEM_ALIGN == 0 && slots > 0);
+        let bytes = slot_size * slots;
+        // SAFETY: plain anonymous mapping; checked for MAP_FAILED below.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let free = (0..slots as u32).rev().collect();
+        Ok(Arc::new(Arena {
+            base: NonNull::new(ptr as *mut u8).expect("mmap returned null"),
+            slot_size,
+            slots,
+            free: Mutex::new(free),
+        }))
+    }
+
+    /// A zeroed slot buffer of `len <= slot_size` bytes, or None when the arena is empty.
+    pub fn alloc(self: &Arc<Arena>, len: usize) -> Option<AlignedBuf> {
+        if len > self.slot_size {
+            return None;
+        }
+        let slot = self.free.lock().pop()?;
+        // SAFETY: slot < slots, so the range lies inside the mapping.
+        let ptr = unsafe { self.base.as_ptr().add(slot as usize * self.slot_size) };
+        // SAFETY: the slot is ours alone until the buffer drops.
+        unsafe { std::ptr::write_bytes(ptr, 0, len) };
+        Some(AlignedBuf {
+            ptr: NonNull::new(ptr).expect("slot pointer"),
+            len,
+            origin: Origin::Arena {
+                arena: self.clone(),
+                slot,
+            },
+        })
+    }
+
+    pub fn base(&self) -> *mut u8 {
+        self.base.as_ptr()
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.slot_size * self.slots
+    }
+
+    pub fn free_slots(&self) -> usize {
+        self.free.lock().len()
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        // SAFETY: unmapping what `new` mapped; no buffer outlives the arena (they hold an Arc).
+        unsafe { libc::munmap(self.base.as_ptr() as *mut libc::c_void, self.bytes()) };
+    }
+}
