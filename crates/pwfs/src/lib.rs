@@ -1,1 +1,74 @@
+//! Patchwork (`pwfs`): a user-space file system and I/O stack.
+//!
+//! Layers, top to bottom (DESIGN.md §2); a module uses only the ones below it:
+//! - [`fs`]: namespace, inodes, directories, file I/O entry points, the Rust API.
+//! - [`lock`] (file access ordering), [`cache`] (page cache), [`journal`] (metadata
+//!   durability and recovery). The I/O router of mechanism 5 will sit beside them;
+//!   until then `Config::io_path` is its off-switch and only `Buffered` exists.
+//! - [`alloc`] (free space) and [`format`] (every on-disk structure).
+//! - [`device`] (io_uring, pread/pwrite, memory, simulated engines).
+//!
+//! [`fsck`] reads an image with `format` and `journal` (and the superblock reader of
+//! `fs`), never through a mounted file system, so that it checks what is on the medium.
+
+pub mod alloc;
+pub mod cache;
+pub mod config;
 pub mod device;
+pub mod error;
+pub mod format;
+pub mod fs;
+pub mod fsck;
+pub mod journal;
+pub mod lock;
+
+pub use config::{Config, FetchPolicy, IoPath, LockMode, Stack};
+pub use error::{Error, ErrorKind, Result};
+pub use fs::api::TimeSet;
+pub use fs::{mkfs, DirEntry, File, FileType, Fs, Metadata, MkfsOptions, MountReport, OpenOptions, SetAttr, StatFs};
+
+use device::uring::{UringDevice, UringOptions};
+use std::path::Path;
+use std::sync::Arc;
+
+/// Open an image file or block device with the io_uring engine, sized for `config`.
+pub fn open_device(path: &Path, config: &Config) -> Result<Arc<dyn device::Device>> {
+    let opts = UringOptions { arena_bytes: config.cache_bytes as usize + (16 << 20), ..Default::default() };
+    let dev = UringDevice::open(path, &opts).map_err(|e| Error::io(format!("cannot open {}: {e}", path.display())))?;
+    Ok(Arc::new(dev))
+}
+
+/// Create (or reuse) an image file of `size` bytes, allocated up front so that
+/// O_DIRECT writes never wait on the host file system, and format it.
+pub fn mkfs_image(path: &Path, size: u64, opts: &MkfsOptions) -> Result<format::Superblock> {
+    use std::os::unix::io::AsRawFd;
+    let size = size - size % format::BLOCK;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| Error::io(format!("cannot create {}: {e}", path.display())))?;
+    let meta = file.metadata().map_err(|e| Error::io(e.to_string()))?;
+    if meta.file_type().is_file() {
+        file.set_len(size).map_err(|e| Error::io(format!("cannot size {}: {e}", path.display())))?;
+        // SAFETY: plain syscall on an fd we own.
+        let r = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, size as i64) };
+        if r != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ENOSPC) {
+                return Err(Error::no_space(format!("cannot allocate {size} bytes for {}", path.display())));
+            }
+        }
+    }
+    drop(file);
+    let dev = open_device(path, &Config { cache_bytes: 1 << 20, ..Default::default() })?;
+    mkfs(&*dev, opts)
+}
+
+/// Mount an image file or block device with the io_uring engine.
+pub fn mount_image(path: &Path, config: Config) -> Result<Fs> {
+    let dev = open_device(path, &config)?;
+    Fs::mount(dev, config)
+}

@@ -1,0 +1,238 @@
+//! cache: the page cache for file data.
+//!
+//! Interface: pages are keyed by (inode, page index) and hold one 4 KiB buffer taken
+//! from the device (so the io_uring engine can use its registered arena). A page
+//! moves through `Absent → Fetching → UpToDate ⇄ Dirty → Writeback`; `Outdated` is
+//! the state a page with pending patches will have once non-blocking writes land.
+//! Whoever inserts a page in `Fetching` must fill it and call `complete` (waking
+//! the threads that `wait` on it) or `fail`. The cache tracks dirty pages in key
+//! order for write-back, and evicts clean, idle pages with a CLOCK sweep once it holds
+//! more than its capacity.
+//!
+//! Lock order: the map lock is never held while a page lock is being waited for.
+
+use crate::device::AlignedBuf;
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+pub type Key = (u64, u64);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageState {
+    /// Not in memory (a page is only in the map in this state before its fetch starts).
+    Absent,
+    /// A read from the device is in flight; not readable.
+    Fetching,
+    /// Patches are pending for bytes not yet fetched (non-blocking writes).
+    Outdated,
+    UpToDate,
+    Dirty,
+    /// A copy is being written; a write to the page makes it Dirty again.
+    Writeback,
+}
+
+pub struct PageData {
+    pub state: PageState,
+    /// Present in every readable state.
+    pub buf: Option<AlignedBuf>,
+    /// Set when the fetch failed; waiters return EIO.
+    pub failed: bool,
+}
+
+impl PageData {
+    pub fn readable(&self) -> bool {
+        matches!(self.state, PageState::UpToDate | PageState::Dirty | PageState::Writeback)
+    }
+    pub fn data(&self) -> &[u8] {
+        self.buf.as_deref().expect("readable page has a buffer")
+    }
+    pub fn data_mut(&mut self) -> &mut [u8] {
+        self.buf.as_deref_mut().expect("readable page has a buffer")
+    }
+}
+
+pub struct Page {
+    pub key: Key,
+    data: Mutex<PageData>,
+    cond: Condvar,
+    referenced: AtomicBool,
+}
+
+impl Page {
+    pub fn lock(&self) -> MutexGuard<'_, PageData> {
+        self.referenced.store(true, Ordering::Relaxed);
+        self.data.lock()
+    }
+
+    /// Wait until the page is readable or its fetch failed.
+    pub fn wait(&self) -> MutexGuard<'_, PageData> {
+        let mut g = self.lock();
+        while matches!(g.state, PageState::Fetching | PageState::Absent) && !g.failed {
+            self.cond.wait(&mut g);
+        }
+        g
+    }
+
+    /// The fetch is done: the page becomes readable and waiters wake.
+    pub fn complete(&self, mut g: MutexGuard<'_, PageData>, buf: AlignedBuf) {
+        g.buf = Some(buf);
+        g.state = PageState::UpToDate;
+        drop(g);
+        self.cond.notify_all();
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct CacheStats {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub evictions: AtomicU64,
+}
+
+struct Map {
+    pages: HashMap<Key, Arc<Page>>,
+    clock: VecDeque<Key>,
+    dirty: BTreeSet<Key>,
+}
+
+pub struct PageCache {
+    map: Mutex<Map>,
+    capacity: usize,
+    pub stats: CacheStats,
+}
+
+impl PageCache {
+    pub fn new(capacity_pages: usize) -> PageCache {
+        PageCache {
+            map: Mutex::new(Map { pages: HashMap::new(), clock: VecDeque::new(), dirty: BTreeSet::new() }),
+            capacity: capacity_pages.max(16),
+            stats: CacheStats::default(),
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.lock().pages.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn dirty_count(&self) -> usize {
+        self.map.lock().dirty.len()
+    }
+
+    pub fn get(&self, key: Key) -> Option<Arc<Page>> {
+        let p = self.map.lock().pages.get(&key).cloned();
+        let c = if p.is_some() { &self.stats.hits } else { &self.stats.misses };
+        c.fetch_add(1, Ordering::Relaxed);
+        p
+    }
+
+    /// The page for `key`, inserting it in `Fetching` state if absent. The bool says
+    /// whether this call inserted it (and so must fill it).
+    pub fn get_or_insert(&self, key: Key) -> (Arc<Page>, bool) {
+        let mut m = self.map.lock();
+        if let Some(p) = m.pages.get(&key) {
+            self.stats.hits.fetch_add(1, Ordering::Relaxed);
+            return (p.clone(), false);
+        }
+        self.stats.misses.fetch_add(1, Ordering::Relaxed);
+        if m.pages.len() >= self.capacity {
+            self.evict(&mut m);
+        }
+        let page = Arc::new(Page {
+            key,
+            data: Mutex::new(PageData { state: PageState::Fetching, buf: None, failed: false }),
+            cond: Condvar::new(),
+            referenced: AtomicBool::new(true),
+        });
+        m.pages.insert(key, page.clone());
+        m.clock.push_back(key);
+        (page, true)
+    }
+
+    /// A fetch failed: wake the waiters with the error and forget the page.
+    pub fn fail(&self, page: &Page) {
+        {
+            let mut g = page.data.lock();
+            g.failed = true;
+        }
+        page.cond.notify_all();
+        let mut m = self.map.lock();
+        if m.pages.get(&page.key).is_some_and(|p| std::ptr::eq(&**p, page)) {
+            m.pages.remove(&page.key);
+        }
+    }
+
+    /// Whether this very page (not just its key) is still in the cache.
+    pub fn holds(&self, page: &Arc<Page>) -> bool {
+        self.map.lock().pages.get(&page.key).is_some_and(|p| Arc::ptr_eq(p, page))
+    }
+
+    pub fn mark_dirty(&self, key: Key) {
+        self.map.lock().dirty.insert(key);
+    }
+
+    /// Take the dirty set (in key order); the pages stay in the cache.
+    pub fn take_dirty(&self) -> Vec<Arc<Page>> {
+        let mut m = self.map.lock();
+        let keys = std::mem::take(&mut m.dirty);
+        keys.into_iter().filter_map(|k| m.pages.get(&k).cloned()).collect()
+    }
+
+    /// Forget every page of `ino` at or past page `from` (truncate, delete).
+    pub fn drop_from(&self, ino: u64, from: u64) {
+        let mut m = self.map.lock();
+        let keys: Vec<Key> = m.pages.keys().filter(|k| k.0 == ino && k.1 >= from).copied().collect();
+        for k in keys {
+            m.pages.remove(&k);
+            m.dirty.remove(&k);
+        }
+    }
+
+    /// Drop every clean page (a cold start for benchmarks); dirty pages stay.
+    pub fn evict_clean(&self) {
+        let mut m = self.map.lock();
+        let dirty = m.dirty.clone();
+        m.pages.retain(|k, p| {
+            dirty.contains(k)
+                || Arc::strong_count(p) > 1
+                || p.data.try_lock().is_none_or(|g| !matches!(g.state, PageState::UpToDate))
+        });
+        let Map { pages, clock, .. } = &mut *m;
+        clock.retain(|k| pages.contains_key(k));
+    }
+
+    /// CLOCK sweep: drop up to a few clean, unreferenced, unshared pages.
+    fn evict(&self, m: &mut Map) {
+        let target = (self.capacity / 64).max(1);
+        let mut freed = 0;
+        let mut budget = m.clock.len() * 2;
+        while freed < target && budget > 0 {
+            budget -= 1;
+            let Some(k) = m.clock.pop_front() else { break };
+            let Some(p) = m.pages.get(&k) else { continue };
+            let clean = !m.dirty.contains(&k)
+                && Arc::strong_count(p) == 1
+                && p.data.try_lock().is_some_and(|g| g.state == PageState::UpToDate);
+            if !clean {
+                m.clock.push_back(k);
+                continue;
+            }
+            if p.referenced.swap(false, Ordering::Relaxed) {
+                m.clock.push_back(k);
+                continue;
+            }
+            m.pages.remove(&k);
+            freed += 1;
+            self.stats.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! Configuration, and the off-switch of every mechanism (DESIGN.md §1).
+//!
+//! Only the baselines are implemented so far; each enum is the seam its mechanism
+//! plugs into, and asking for a mechanism that is not built yet is refused at mount
+//! with EINVAL rather than silently ignored.
+
+use std::time::Duration;
+
+/// How a partial write to a page that is not cached gets its page (mechanism 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FetchPolicy {
+    /// Read the page first, then write into it (the baseline).
+    #[default]
+    Blocking,
+    AsyncForeground,
+    AsyncBackground,
+    Lazy,
+}
+
+/// How concurrent access to one file is ordered (mechanism 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LockMode {
+    /// One reader-writer lock per inode (what ext4's i_rwsem does; the baseline).
+    #[default]
+    Inode,
+    Range,
+}
+
+/// Which path a data request takes (mechanism 5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IoPath {
+    #[default]
+    Buffered,
+    Direct,
+    Auto,
+}
+
+/// How the I/O stack orders CPU work and device I/O (mechanism 4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Stack {
+    #[default]
+    Sync,
+    Async,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Bytes of file data the page cache holds.
+    pub cache_bytes: u64,
+    /// Write-back starts when this fraction of the cache is dirty.
+    pub dirty_ratio: f64,
+    /// The write-back thread commits at least this often (None: no thread).
+    pub writeback_interval: Option<Duration>,
+    pub fetch: FetchPolicy,
+    pub lock: LockMode,
+    pub io_path: IoPath,
+    pub stack: Stack,
+    pub hitchhike: bool,
+    /// Open read-only: no write reaches the device (not even journal recovery).
+    pub read_only: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            cache_bytes: 256 << 20,
+            dirty_ratio: 0.5,
+            writeback_interval: Some(Duration::from_secs(5)),
+            fetch: FetchPolicy::Blocking,
+            lock: LockMode::Inode,
+            io_path: IoPath::Buffered,
+            stack: Stack::Sync,
+            hitchhike: false,
+            read_only: false,
+        }
+    }
+}
+
+impl Config {
+    /// Refuse settings for mechanisms this build does not have yet.
+    pub fn validate(&self) -> crate::Result<()> {
+        let missing = |what: &str| Err(crate::Error::invalid(format!("{what} is not implemented yet")));
+        if self.fetch != FetchPolicy::Blocking {
+            return missing("non-blocking fetch policies");
+        }
+        if self.lock != LockMode::Inode {
+            return missing("range locking");
+        }
+        if self.io_path != IoPath::Buffered {
+            return missing("direct and adaptive I/O paths");
+        }
+        if self.stack != Stack::Sync {
+            return missing("the asynchronous I/O stack");
+        }
+        if self.hitchhike {
+            return missing("hitchhiking of small synchronous writes");
+        }
+        if self.cache_bytes < 64 * 4096 {
+            return Err(crate::Error::invalid("cache must hold at least 64 pages"));
+        }
+        if !(0.05..=0.95).contains(&self.dirty_ratio) {
+            return Err(crate::Error::invalid("dirty_ratio must be within 0.05..=0.95"));
+        }
+        Ok(())
+    }
+}

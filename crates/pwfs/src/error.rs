@@ -1,0 +1,120 @@
+//! Errors of the engine.
+//!
+//! Three kinds are kept apart: corruption found on the medium ([`ErrorKind::Corrupt`],
+//! carrying the [`FormatError`]), operating errors (the POSIX conditions, mapped to an
+//! errno only by [`Error::errno`] at the front ends), and bugs, which are assertions.
+
+use crate::device::DevError;
+use crate::format::FormatError;
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    NotFound,
+    Exists,
+    NotDir,
+    IsDir,
+    NotEmpty,
+    NameTooLong,
+    NoSpace,
+    Io,
+    Invalid,
+    ReadOnly,
+    Loop,
+    TooManyLinks,
+    FileTooBig,
+    BadHandle,
+    Corrupt,
+    CrossDevice,
+    Busy,
+    NotPermitted,
+    NotSupported,
+}
+
+#[derive(Debug, Clone)]
+pub struct Error {
+    pub kind: ErrorKind,
+    pub detail: String,
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub fn new(kind: ErrorKind, detail: impl Into<String>) -> Error {
+        Error { kind, detail: detail.into() }
+    }
+
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The errno a POSIX front end reports for this error.
+    pub fn errno(&self) -> i32 {
+        match self.kind {
+            ErrorKind::NotFound => libc::ENOENT,
+            ErrorKind::Exists => libc::EEXIST,
+            ErrorKind::NotDir => libc::ENOTDIR,
+            ErrorKind::IsDir => libc::EISDIR,
+            ErrorKind::NotEmpty => libc::ENOTEMPTY,
+            ErrorKind::NameTooLong => libc::ENAMETOOLONG,
+            ErrorKind::NoSpace => libc::ENOSPC,
+            ErrorKind::Io | ErrorKind::Corrupt => libc::EIO,
+            ErrorKind::Invalid => libc::EINVAL,
+            ErrorKind::ReadOnly => libc::EROFS,
+            ErrorKind::Loop => libc::ELOOP,
+            ErrorKind::TooManyLinks => libc::EMLINK,
+            ErrorKind::FileTooBig => libc::EFBIG,
+            ErrorKind::BadHandle => libc::EBADF,
+            ErrorKind::CrossDevice => libc::EXDEV,
+            ErrorKind::Busy => libc::EBUSY,
+            ErrorKind::NotPermitted => libc::EPERM,
+            ErrorKind::NotSupported => libc::EOPNOTSUPP,
+        }
+    }
+}
+
+macro_rules! ctor {
+    ($($name:ident => $kind:ident),* $(,)?) => {
+        impl Error {
+            $(pub fn $name(detail: impl Into<String>) -> Error { Error::new(ErrorKind::$kind, detail) })*
+        }
+    };
+}
+
+ctor! {
+    not_found => NotFound, exists => Exists, not_dir => NotDir, is_dir => IsDir,
+    not_empty => NotEmpty, name_too_long => NameTooLong, no_space => NoSpace, io => Io,
+    invalid => Invalid, read_only => ReadOnly, corrupt => Corrupt, not_permitted => NotPermitted,
+    too_many_links => TooManyLinks, file_too_big => FileTooBig, is_loop => Loop,
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let os = std::io::Error::from_raw_os_error(self.errno());
+        if self.detail.is_empty() {
+            write!(f, "{os}")
+        } else {
+            write!(f, "{}: {os}", self.detail)
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<DevError> for Error {
+    fn from(e: DevError) -> Error {
+        Error::io(format!("device: {e}"))
+    }
+}
+
+impl From<FormatError> for Error {
+    fn from(e: FormatError) -> Error {
+        Error::corrupt(format!("corrupt metadata: {e}"))
+    }
+}
+
+impl From<Error> for std::io::Error {
+    fn from(e: Error) -> std::io::Error {
+        std::io::Error::new(std::io::Error::from_raw_os_error(e.errno()).kind(), e.to_string())
+    }
+}

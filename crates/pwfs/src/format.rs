@@ -1,0 +1,805 @@
+//! format: every on-disk structure and constant of Patchwork, in one place.
+//!
+//! Interface: `encode` writes a structure into a block-sized byte slice, with its
+//! checksum; `decode` checks length, magic, version and checksum and returns
+//! [`FormatError`] on any bad bytes — it never panics. Reader and writer share these
+//! constants, so there is one definition of the layout. `docs/FORMAT.md` describes it.
+//!
+//! Image layout, in 4 KiB blocks:
+//! `[superblock][journal header][journal log...][inode bitmap][block bitmap][inode table][data ... ][backup superblock]`
+
+use std::fmt;
+
+pub const BLOCK_SIZE: usize = 4096;
+pub const BLOCK: u64 = BLOCK_SIZE as u64;
+pub const SB_MAGIC: u64 = 0x5057_4653_5041_5443; // "PWFSPATC"
+pub const VERSION: u32 = 1;
+pub const INODE_SIZE: usize = 256;
+pub const INODES_PER_BLOCK: u64 = (BLOCK_SIZE / INODE_SIZE) as u64;
+pub const ROOT_INO: u64 = 1;
+pub const NAME_MAX: usize = 255;
+/// Longest symlink target (PATH_MAX without the NUL).
+pub const SYMLINK_MAX: usize = 4095;
+/// Symlink targets up to this length live in the inode itself.
+pub const INLINE_MAX: usize = 128;
+pub const INLINE_EXTENTS: usize = 8;
+/// Largest file size: 2^32 blocks of 4 KiB.
+pub const MAX_FILE_SIZE: u64 = (1u64 << 32) * BLOCK;
+
+/// Bitmap blocks keep a checksum in their last 4 bytes; the rest are bits.
+pub const BITS_PER_BITMAP_BLOCK: u64 = ((BLOCK_SIZE - 4) * 8) as u64;
+
+pub const JHEADER_MAGIC: u32 = 0x4a48_4452; // "JHDR"
+pub const JDESC_MAGIC: u32 = 0x4a44_5343; // "JDSC"
+pub const JCOMMIT_MAGIC: u32 = 0x4a43_4d54; // "JCMT"
+pub const JDESC_HEADER: usize = 32;
+pub const JDESC_ENTRIES: usize = (BLOCK_SIZE - JDESC_HEADER) / 8;
+/// Bytes of extra records a commit block can carry (the seam for hitchhiked deltas).
+pub const JCOMMIT_EXTRA_MAX: usize = BLOCK_SIZE - 64;
+
+pub const EXT_MAGIC: u32 = 0x4558_5442; // "EXTB"
+pub const EXT_HEADER: usize = 32;
+pub const EXTENTS_PER_BLOCK: usize = (BLOCK_SIZE - EXT_HEADER) / 16;
+
+pub const DIR_MAGIC: u32 = 0x4449_5242; // "DIRB"
+pub const DIR_HEADER: usize = 16;
+pub const DIRENT_SIZE: usize = 272;
+pub const DIRENTS_PER_BLOCK: usize = (BLOCK_SIZE - DIR_HEADER) / DIRENT_SIZE;
+
+// Mode bits (as in POSIX).
+pub const S_IFMT: u32 = 0o170000;
+pub const S_IFREG: u32 = 0o100000;
+pub const S_IFDIR: u32 = 0o040000;
+pub const S_IFLNK: u32 = 0o120000;
+pub const S_IFIFO: u32 = 0o010000;
+pub const S_IFCHR: u32 = 0o020000;
+pub const S_IFBLK: u32 = 0o060000;
+pub const S_IFSOCK: u32 = 0o140000;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FormatError {
+    Magic { what: &'static str },
+    Version(u32),
+    Checksum { what: &'static str },
+    Invalid { what: &'static str },
+}
+
+impl fmt::Display for FormatError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FormatError::Magic { what } => write!(f, "{what}: bad magic number"),
+            FormatError::Version(v) => write!(f, "unsupported format version {v} (this build reads {VERSION})"),
+            FormatError::Checksum { what } => write!(f, "{what}: checksum mismatch"),
+            FormatError::Invalid { what } => write!(f, "{what}: invalid field"),
+        }
+    }
+}
+
+impl std::error::Error for FormatError {}
+
+type R<T> = Result<T, FormatError>;
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes(b[at..at + 2].try_into().expect("2 bytes"))
+}
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+fn put16(b: &mut [u8], at: usize, v: u16) {
+    b[at..at + 2].copy_from_slice(&v.to_le_bytes());
+}
+fn put32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+fn put64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+fn need_block(b: &[u8], what: &'static str) -> R<()> {
+    if b.len() != BLOCK_SIZE {
+        return Err(FormatError::Invalid { what });
+    }
+    Ok(())
+}
+
+/// crc32c of `b` with the 4 checksum bytes at `at` taken as zero, seeded with `seed`.
+fn crc_skip(b: &[u8], at: usize, seed: u32) -> u32 {
+    let c = crc32c::crc32c_append(seed, &b[..at]);
+    let c = crc32c::crc32c_append(c, &[0; 4]);
+    crc32c::crc32c_append(c, &b[at + 4..])
+}
+
+pub fn crc(data: &[u8]) -> u32 {
+    crc32c::crc32c(data)
+}
+
+// ---------------------------------------------------------------- superblock
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Superblock {
+    pub version: u32,
+    pub uuid: [u8; 16],
+    pub total_blocks: u64,
+    pub journal_start: u64,
+    /// Journal blocks including its header block.
+    pub journal_blocks: u64,
+    pub inode_bitmap_start: u64,
+    pub inode_bitmap_blocks: u64,
+    pub block_bitmap_start: u64,
+    pub block_bitmap_blocks: u64,
+    pub inode_table_start: u64,
+    pub inode_table_blocks: u64,
+    pub inode_count: u64,
+    pub data_start: u64,
+    /// One past the last data block (the backup superblock follows).
+    pub data_end: u64,
+    pub created_ns: u64,
+}
+
+const SB_CRC_AT: usize = BLOCK_SIZE - 4;
+
+impl Superblock {
+    /// Lay out an image of `total_blocks` blocks with `inode_count` inodes.
+    pub fn layout(total_blocks: u64, inode_count: u64, journal_blocks: u64, uuid: [u8; 16], created_ns: u64) -> R<Superblock> {
+        let inode_count = inode_count.next_multiple_of(INODES_PER_BLOCK);
+        let inode_bitmap_blocks = inode_count.div_ceil(BITS_PER_BITMAP_BLOCK);
+        let block_bitmap_blocks = total_blocks.div_ceil(BITS_PER_BITMAP_BLOCK);
+        let inode_table_blocks = inode_count / INODES_PER_BLOCK;
+        let journal_start = 1;
+        let inode_bitmap_start = journal_start + journal_blocks;
+        let block_bitmap_start = inode_bitmap_start + inode_bitmap_blocks;
+        let inode_table_start = block_bitmap_start + block_bitmap_blocks;
+        let data_start = inode_table_start + inode_table_blocks;
+        let sb = Superblock {
+            version: VERSION,
+            uuid,
+            total_blocks,
+            journal_start,
+            journal_blocks,
+            inode_bitmap_start,
+            inode_bitmap_blocks,
+            block_bitmap_start,
+            block_bitmap_blocks,
+            inode_table_start,
+            inode_table_blocks,
+            inode_count,
+            data_start,
+            data_end: total_blocks.saturating_sub(1),
+            created_ns,
+        };
+        sb.check()?;
+        Ok(sb)
+    }
+
+    /// Geometry invariants; a decoded superblock that breaks one is refused.
+    pub fn check(&self) -> R<()> {
+        let bad = |what| Err(FormatError::Invalid { what });
+        if self.journal_start != 1 || self.journal_blocks < 16 {
+            return bad("superblock journal geometry");
+        }
+        if self.inode_count == 0
+            || self.inode_count % INODES_PER_BLOCK != 0
+            || self.inode_table_blocks != self.inode_count / INODES_PER_BLOCK
+            || self.inode_bitmap_blocks != self.inode_count.div_ceil(BITS_PER_BITMAP_BLOCK)
+            || self.block_bitmap_blocks != self.total_blocks.div_ceil(BITS_PER_BITMAP_BLOCK)
+        {
+            return bad("superblock table sizes");
+        }
+        let chain = [
+            (self.journal_start, self.journal_blocks, self.inode_bitmap_start),
+            (self.inode_bitmap_start, self.inode_bitmap_blocks, self.block_bitmap_start),
+            (self.block_bitmap_start, self.block_bitmap_blocks, self.inode_table_start),
+            (self.inode_table_start, self.inode_table_blocks, self.data_start),
+        ];
+        for (start, len, next) in chain {
+            if start.checked_add(len) != Some(next) {
+                return bad("superblock region order");
+            }
+        }
+        if self.data_end != self.total_blocks.saturating_sub(1) || self.data_start + 8 > self.data_end {
+            return bad("superblock data area");
+        }
+        Ok(())
+    }
+
+    pub fn data_blocks(&self) -> u64 {
+        self.data_end - self.data_start
+    }
+
+    pub fn encode(&self, b: &mut [u8]) {
+        b.fill(0);
+        put64(b, 0, SB_MAGIC);
+        put32(b, 8, self.version);
+        put32(b, 12, BLOCK_SIZE as u32);
+        b[16..32].copy_from_slice(&self.uuid);
+        let fields = [
+            self.total_blocks,
+            self.journal_start,
+            self.journal_blocks,
+            self.inode_bitmap_start,
+            self.inode_bitmap_blocks,
+            self.block_bitmap_start,
+            self.block_bitmap_blocks,
+            self.inode_table_start,
+            self.inode_table_blocks,
+            self.inode_count,
+            self.data_start,
+            self.data_end,
+            self.created_ns,
+        ];
+        for (i, v) in fields.iter().enumerate() {
+            put64(b, 32 + i * 8, *v);
+        }
+        put32(b, SB_CRC_AT, crc_skip(b, SB_CRC_AT, 0));
+    }
+
+    pub fn decode(b: &[u8]) -> R<Superblock> {
+        need_block(b, "superblock")?;
+        if u64_at(b, 0) != SB_MAGIC {
+            return Err(FormatError::Magic { what: "superblock" });
+        }
+        if u32_at(b, SB_CRC_AT) != crc_skip(b, SB_CRC_AT, 0) {
+            return Err(FormatError::Checksum { what: "superblock" });
+        }
+        let version = u32_at(b, 8);
+        if version != VERSION {
+            return Err(FormatError::Version(version));
+        }
+        if u32_at(b, 12) != BLOCK_SIZE as u32 {
+            return Err(FormatError::Invalid { what: "superblock block size" });
+        }
+        let f = |i: usize| u64_at(b, 32 + i * 8);
+        let sb = Superblock {
+            version,
+            uuid: b[16..32].try_into().expect("16 bytes"),
+            total_blocks: f(0),
+            journal_start: f(1),
+            journal_blocks: f(2),
+            inode_bitmap_start: f(3),
+            inode_bitmap_blocks: f(4),
+            block_bitmap_start: f(5),
+            block_bitmap_blocks: f(6),
+            inode_table_start: f(7),
+            inode_table_blocks: f(8),
+            inode_count: f(9),
+            data_start: f(10),
+            data_end: f(11),
+            created_ns: f(12),
+        };
+        sb.check()?;
+        Ok(sb)
+    }
+}
+
+// ---------------------------------------------------------------- bitmaps
+
+/// Stamp the checksum of a bitmap block (`index` is its position in its bitmap).
+pub fn bitmap_seal(b: &mut [u8], index: u64) {
+    put32(b, BLOCK_SIZE - 4, crc_skip(b, BLOCK_SIZE - 4, index as u32 ^ 0xb17b));
+}
+
+pub fn bitmap_check(b: &[u8], index: u64) -> R<()> {
+    need_block(b, "bitmap block")?;
+    if u32_at(b, BLOCK_SIZE - 4) != crc_skip(b, BLOCK_SIZE - 4, index as u32 ^ 0xb17b) {
+        return Err(FormatError::Checksum { what: "bitmap block" });
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- inodes
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Extent {
+    /// First file block covered.
+    pub logical: u32,
+    pub len: u32,
+    /// First device block.
+    pub physical: u64,
+}
+
+impl Extent {
+    pub fn end(&self) -> u64 {
+        self.logical as u64 + self.len as u64
+    }
+    fn encode(&self, b: &mut [u8]) {
+        put32(b, 0, self.logical);
+        put32(b, 4, self.len);
+        put64(b, 8, self.physical);
+    }
+    fn decode(b: &[u8]) -> Extent {
+        Extent { logical: u32_at(b, 0), len: u32_at(b, 4), physical: u64_at(b, 8) }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Timespec {
+    pub sec: i64,
+    pub nsec: u32,
+}
+
+pub const INODE_FLAG_INLINE: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DiskInode {
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub size: u64,
+    /// Blocks owned: data plus extent blocks.
+    pub blocks: u64,
+    pub atime: Timespec,
+    pub mtime: Timespec,
+    pub ctime: Timespec,
+    pub generation: u32,
+    pub flags: u32,
+    /// Total number of extents (inline plus chain).
+    pub n_extents: u32,
+    /// Parent directory (directories only).
+    pub parent: u64,
+    /// Device number (character and block special files).
+    pub rdev: u32,
+    /// First extent-chain block, or 0.
+    pub ext_block: u64,
+    /// Inline extents (up to INLINE_EXTENTS), unless INODE_FLAG_INLINE.
+    pub extents: Vec<Extent>,
+    /// Inline data (symlink target), if INODE_FLAG_INLINE.
+    pub inline: Vec<u8>,
+}
+
+const INODE_CRC_AT: usize = INODE_SIZE - 4;
+const INODE_AREA: usize = 96;
+
+impl DiskInode {
+    pub fn is_free(b: &[u8]) -> bool {
+        b.iter().all(|x| *x == 0)
+    }
+
+    pub fn encode(&self, ino: u64, b: &mut [u8]) {
+        assert_eq!(b.len(), INODE_SIZE);
+        b.fill(0);
+        put32(b, 0, self.mode);
+        put32(b, 4, self.uid);
+        put32(b, 8, self.gid);
+        put32(b, 12, self.nlink);
+        put64(b, 16, self.size);
+        put64(b, 24, self.blocks);
+        put64(b, 32, self.atime.sec as u64);
+        put32(b, 40, self.atime.nsec);
+        put32(b, 44, self.mtime.nsec);
+        put64(b, 48, self.mtime.sec as u64);
+        put64(b, 56, self.ctime.sec as u64);
+        put32(b, 64, self.ctime.nsec);
+        put32(b, 68, self.generation);
+        put32(b, 72, self.flags);
+        put32(b, 76, self.n_extents);
+        put64(b, 80, self.parent);
+        put64(b, 88, self.ext_block);
+        if self.flags & INODE_FLAG_INLINE != 0 {
+            assert!(self.inline.len() <= INLINE_MAX);
+            b[INODE_AREA..INODE_AREA + self.inline.len()].copy_from_slice(&self.inline);
+        } else {
+            assert!(self.extents.len() <= INLINE_EXTENTS);
+            for (i, e) in self.extents.iter().enumerate() {
+                e.encode(&mut b[INODE_AREA + i * 16..INODE_AREA + i * 16 + 16]);
+            }
+        }
+        put32(b, 224, self.rdev);
+        put32(b, INODE_CRC_AT, crc_skip(b, INODE_CRC_AT, ino as u32));
+    }
+
+    /// Decode an in-use inode slot. A free slot (all zero) is `Ok(None)`.
+    pub fn decode(ino: u64, b: &[u8]) -> R<Option<DiskInode>> {
+        if b.len() != INODE_SIZE {
+            return Err(FormatError::Invalid { what: "inode size" });
+        }
+        if DiskInode::is_free(b) {
+            return Ok(None);
+        }
+        if u32_at(b, INODE_CRC_AT) != crc_skip(b, INODE_CRC_AT, ino as u32) {
+            return Err(FormatError::Checksum { what: "inode" });
+        }
+        let mut d = DiskInode {
+            mode: u32_at(b, 0),
+            uid: u32_at(b, 4),
+            gid: u32_at(b, 8),
+            nlink: u32_at(b, 12),
+            size: u64_at(b, 16),
+            blocks: u64_at(b, 24),
+            atime: Timespec { sec: u64_at(b, 32) as i64, nsec: u32_at(b, 40) },
+            mtime: Timespec { sec: u64_at(b, 48) as i64, nsec: u32_at(b, 44) },
+            ctime: Timespec { sec: u64_at(b, 56) as i64, nsec: u32_at(b, 64) },
+            generation: u32_at(b, 68),
+            flags: u32_at(b, 72),
+            n_extents: u32_at(b, 76),
+            parent: u64_at(b, 80),
+            ext_block: u64_at(b, 88),
+            rdev: u32_at(b, 224),
+            extents: Vec::new(),
+            inline: Vec::new(),
+        };
+        let valid_type = matches!(
+            d.mode & S_IFMT,
+            S_IFREG | S_IFDIR | S_IFLNK | S_IFIFO | S_IFCHR | S_IFBLK | S_IFSOCK
+        );
+        if !valid_type || d.size > MAX_FILE_SIZE || [d.atime, d.mtime, d.ctime].iter().any(|t| t.nsec >= 1_000_000_000) {
+            return Err(FormatError::Invalid { what: "inode fields" });
+        }
+        if d.flags & INODE_FLAG_INLINE != 0 {
+            if d.size as usize > INLINE_MAX || d.n_extents != 0 || d.ext_block != 0 {
+                return Err(FormatError::Invalid { what: "inode inline data" });
+            }
+            d.inline = b[INODE_AREA..INODE_AREA + d.size as usize].to_vec();
+        } else {
+            let n = (d.n_extents as usize).min(INLINE_EXTENTS);
+            if (d.n_extents as usize > INLINE_EXTENTS) != (d.ext_block != 0) {
+                return Err(FormatError::Invalid { what: "inode extent chain" });
+            }
+            d.extents = (0..n).map(|i| Extent::decode(&b[INODE_AREA + i * 16..])).collect();
+        }
+        Ok(Some(d))
+    }
+}
+
+// ---------------------------------------------------------------- extent blocks
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtentBlock {
+    pub ino: u64,
+    pub next: u64,
+    pub extents: Vec<Extent>,
+}
+
+impl ExtentBlock {
+    pub fn encode(&self, b: &mut [u8]) {
+        assert!(self.extents.len() <= EXTENTS_PER_BLOCK);
+        b.fill(0);
+        put32(b, 0, EXT_MAGIC);
+        put32(b, 4, self.extents.len() as u32);
+        put64(b, 8, self.ino);
+        put64(b, 16, self.next);
+        for (i, e) in self.extents.iter().enumerate() {
+            e.encode(&mut b[EXT_HEADER + i * 16..]);
+        }
+        put32(b, 24, crc_skip(b, 24, 0));
+    }
+
+    pub fn decode(b: &[u8]) -> R<ExtentBlock> {
+        need_block(b, "extent block")?;
+        if u32_at(b, 0) != EXT_MAGIC {
+            return Err(FormatError::Magic { what: "extent block" });
+        }
+        if u32_at(b, 24) != crc_skip(b, 24, 0) {
+            return Err(FormatError::Checksum { what: "extent block" });
+        }
+        let n = u32_at(b, 4) as usize;
+        if n > EXTENTS_PER_BLOCK {
+            return Err(FormatError::Invalid { what: "extent block count" });
+        }
+        Ok(ExtentBlock {
+            ino: u64_at(b, 8),
+            next: u64_at(b, 16),
+            extents: (0..n).map(|i| Extent::decode(&b[EXT_HEADER + i * 16..])).collect(),
+        })
+    }
+}
+
+// ---------------------------------------------------------------- directory blocks
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dirent {
+    pub ino: u64,
+    pub ftype: u8,
+    pub name: Vec<u8>,
+}
+
+/// Directory block: a header and DIRENTS_PER_BLOCK fixed slots; a slot with ino 0 is free.
+pub fn dir_block_encode(owner: u64, slots: &[Option<Dirent>], b: &mut [u8]) {
+    assert!(slots.len() <= DIRENTS_PER_BLOCK);
+    dir_block_init(owner, b);
+    for (i, s) in slots.iter().enumerate() {
+        dirent_put(b, i, s.as_ref());
+    }
+    dir_block_seal(b);
+}
+
+/// An empty directory block of `owner`, sealed.
+pub fn dir_block_init(owner: u64, b: &mut [u8]) {
+    b.fill(0);
+    put32(b, 0, DIR_MAGIC);
+    put64(b, 8, owner);
+    dir_block_seal(b);
+}
+
+/// Write (or clear) slot `i`; call `dir_block_seal` after the last change.
+pub fn dirent_put(b: &mut [u8], i: usize, d: Option<&Dirent>) {
+    let at = DIR_HEADER + i * DIRENT_SIZE;
+    b[at..at + DIRENT_SIZE].fill(0);
+    if let Some(d) = d {
+        assert!(d.ino != 0 && !d.name.is_empty() && d.name.len() <= NAME_MAX);
+        put64(b, at, d.ino);
+        put16(b, at + 8, d.name.len() as u16);
+        b[at + 10] = d.ftype;
+        b[at + 12..at + 12 + d.name.len()].copy_from_slice(&d.name);
+    }
+}
+
+pub fn dir_block_seal(b: &mut [u8]) {
+    put32(b, 4, crc_skip(b, 4, 0));
+}
+
+pub fn dir_block_decode(owner: u64, b: &[u8]) -> R<Vec<Option<Dirent>>> {
+    need_block(b, "directory block")?;
+    if u32_at(b, 0) != DIR_MAGIC {
+        return Err(FormatError::Magic { what: "directory block" });
+    }
+    if u32_at(b, 4) != crc_skip(b, 4, 0) {
+        return Err(FormatError::Checksum { what: "directory block" });
+    }
+    if u64_at(b, 8) != owner {
+        return Err(FormatError::Invalid { what: "directory block owner" });
+    }
+    let mut out = Vec::with_capacity(DIRENTS_PER_BLOCK);
+    for i in 0..DIRENTS_PER_BLOCK {
+        let at = DIR_HEADER + i * DIRENT_SIZE;
+        let ino = u64_at(b, at);
+        if ino == 0 {
+            out.push(None);
+            continue;
+        }
+        let n = u16_at(b, at + 8) as usize;
+        let name = &b[at + 12..at + 12 + n.min(DIRENT_SIZE - 12)];
+        if n == 0 || n > NAME_MAX || name.contains(&b'/') || name.contains(&0) || name == b"." || name == b".." {
+            return Err(FormatError::Invalid { what: "directory entry name" });
+        }
+        out.push(Some(Dirent { ino, ftype: b[at + 10], name: name.to_vec() }));
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------- journal
+
+/// Journal header: the sequence number of the first transaction to replay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JournalHeader {
+    pub start_seq: u64,
+}
+
+impl JournalHeader {
+    pub fn encode(&self, b: &mut [u8]) {
+        b.fill(0);
+        put32(b, 0, JHEADER_MAGIC);
+        put64(b, 8, self.start_seq);
+        put32(b, 4, crc_skip(b, 4, 0));
+    }
+    pub fn decode(b: &[u8]) -> R<JournalHeader> {
+        need_block(b, "journal header")?;
+        if u32_at(b, 0) != JHEADER_MAGIC {
+            return Err(FormatError::Magic { what: "journal header" });
+        }
+        if u32_at(b, 4) != crc_skip(b, 4, 0) {
+            return Err(FormatError::Checksum { what: "journal header" });
+        }
+        Ok(JournalHeader { start_seq: u64_at(b, 8) })
+    }
+}
+
+/// A descriptor block: the home block numbers of the images that follow, and revokes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalDesc {
+    pub seq: u64,
+    pub tags: Vec<u64>,
+    pub revokes: Vec<u64>,
+}
+
+impl JournalDesc {
+    pub fn encode(&self, b: &mut [u8]) {
+        assert!(self.tags.len() + self.revokes.len() <= JDESC_ENTRIES);
+        b.fill(0);
+        put32(b, 0, JDESC_MAGIC);
+        put64(b, 8, self.seq);
+        put32(b, 16, self.tags.len() as u32);
+        put32(b, 20, self.revokes.len() as u32);
+        for (i, t) in self.tags.iter().chain(&self.revokes).enumerate() {
+            put64(b, JDESC_HEADER + i * 8, *t);
+        }
+        put32(b, 4, crc_skip(b, 4, self.seq as u32));
+    }
+    pub fn decode(b: &[u8]) -> R<JournalDesc> {
+        need_block(b, "journal descriptor")?;
+        if u32_at(b, 0) != JDESC_MAGIC {
+            return Err(FormatError::Magic { what: "journal descriptor" });
+        }
+        let seq = u64_at(b, 8);
+        if u32_at(b, 4) != crc_skip(b, 4, seq as u32) {
+            return Err(FormatError::Checksum { what: "journal descriptor" });
+        }
+        let (nt, nr) = (u32_at(b, 16) as usize, u32_at(b, 20) as usize);
+        if nt + nr > JDESC_ENTRIES {
+            return Err(FormatError::Invalid { what: "journal descriptor counts" });
+        }
+        let e = |i: usize| u64_at(b, JDESC_HEADER + i * 8);
+        Ok(JournalDesc { seq, tags: (0..nt).map(e).collect(), revokes: (nt..nt + nr).map(e).collect() })
+    }
+}
+
+/// The commit block: seals a transaction with a checksum over its descriptor and image
+/// blocks, and carries extra records (empty for now; hitchhiked deltas go here).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalCommit {
+    pub seq: u64,
+    pub n_desc: u32,
+    pub n_images: u32,
+    pub body_crc: u32,
+    pub extra: Vec<u8>,
+}
+
+impl JournalCommit {
+    pub fn encode(&self, b: &mut [u8]) {
+        assert!(self.extra.len() <= JCOMMIT_EXTRA_MAX);
+        b.fill(0);
+        put32(b, 0, JCOMMIT_MAGIC);
+        put64(b, 8, self.seq);
+        put32(b, 16, self.n_desc);
+        put32(b, 20, self.n_images);
+        put32(b, 24, self.body_crc);
+        put32(b, 28, self.extra.len() as u32);
+        b[64..64 + self.extra.len()].copy_from_slice(&self.extra);
+        put32(b, 4, crc_skip(b, 4, self.seq as u32));
+    }
+    pub fn decode(b: &[u8]) -> R<JournalCommit> {
+        need_block(b, "journal commit")?;
+        if u32_at(b, 0) != JCOMMIT_MAGIC {
+            return Err(FormatError::Magic { what: "journal commit" });
+        }
+        let seq = u64_at(b, 8);
+        if u32_at(b, 4) != crc_skip(b, 4, seq as u32) {
+            return Err(FormatError::Checksum { what: "journal commit" });
+        }
+        let n = u32_at(b, 28) as usize;
+        if n > JCOMMIT_EXTRA_MAX {
+            return Err(FormatError::Invalid { what: "journal commit extra length" });
+        }
+        Ok(JournalCommit {
+            seq,
+            n_desc: u32_at(b, 16),
+            n_images: u32_at(b, 20),
+            body_crc: u32_at(b, 24),
+            extra: b[64..64 + n].to_vec(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sb() -> Superblock {
+        Superblock::layout(4096, 1024, 256, [7; 16], 123).unwrap()
+    }
+
+    #[test]
+    fn superblock_round_trip_and_checks() {
+        let s = sb();
+        let mut b = vec![0; BLOCK_SIZE];
+        s.encode(&mut b);
+        assert_eq!(Superblock::decode(&b).unwrap(), s);
+        b[100] ^= 1;
+        assert_eq!(Superblock::decode(&b), Err(FormatError::Checksum { what: "superblock" }));
+        let mut b = vec![0; BLOCK_SIZE];
+        s.encode(&mut b);
+        b[0] ^= 1;
+        assert!(matches!(Superblock::decode(&b), Err(FormatError::Magic { .. })));
+        let mut bad = s.clone();
+        bad.version = 2;
+        bad.encode(&mut b);
+        assert_eq!(Superblock::decode(&b), Err(FormatError::Version(2)));
+        let mut bad = s.clone();
+        bad.data_start += 1;
+        bad.encode(&mut b);
+        assert!(matches!(Superblock::decode(&b), Err(FormatError::Invalid { .. })));
+        assert!(Superblock::decode(&b[..100]).is_err());
+    }
+
+    #[test]
+    fn inode_round_trip() {
+        let mut d = DiskInode {
+            mode: S_IFREG | 0o644,
+            uid: 1,
+            gid: 2,
+            nlink: 1,
+            size: 1 << 20,
+            blocks: 256,
+            atime: Timespec { sec: -5, nsec: 999_999_999 },
+            mtime: Timespec { sec: 1 << 40, nsec: 1 },
+            ctime: Timespec { sec: 3, nsec: 4 },
+            generation: 9,
+            flags: 0,
+            n_extents: 2,
+            parent: 0,
+            rdev: 0,
+            ext_block: 0,
+            extents: vec![Extent { logical: 0, len: 128, physical: 1000 }, Extent { logical: 128, len: 128, physical: 5000 }],
+            inline: vec![],
+        };
+        let mut b = vec![0; INODE_SIZE];
+        d.encode(42, &mut b);
+        assert_eq!(DiskInode::decode(42, &b).unwrap(), Some(d.clone()));
+        assert!(DiskInode::decode(43, &b).is_err(), "checksum is seeded by inode number");
+        d.mode = S_IFLNK | 0o777;
+        d.flags = INODE_FLAG_INLINE;
+        d.extents.clear();
+        d.n_extents = 0;
+        d.inline = b"../target".to_vec();
+        d.size = 9;
+        d.encode(42, &mut b);
+        assert_eq!(DiskInode::decode(42, &b).unwrap(), Some(d));
+        assert_eq!(DiskInode::decode(1, &[0; INODE_SIZE]).unwrap(), None);
+    }
+
+    #[test]
+    fn blocks_round_trip() {
+        let mut b = vec![0; BLOCK_SIZE];
+        let e = ExtentBlock { ino: 5, next: 77, extents: vec![Extent { logical: 9, len: 1, physical: 3 }; EXTENTS_PER_BLOCK] };
+        e.encode(&mut b);
+        assert_eq!(ExtentBlock::decode(&b).unwrap(), e);
+        let mut slots = vec![None; DIRENTS_PER_BLOCK];
+        slots[3] = Some(Dirent { ino: 12, ftype: 1, name: vec![b'x'; NAME_MAX] });
+        dir_block_encode(2, &slots, &mut b);
+        assert_eq!(dir_block_decode(2, &b).unwrap(), slots);
+        assert!(dir_block_decode(3, &b).is_err(), "owner is checked");
+        let d = JournalDesc { seq: 8, tags: vec![1, 2, 3], revokes: vec![4] };
+        d.encode(&mut b);
+        assert_eq!(JournalDesc::decode(&b).unwrap(), d);
+        let c = JournalCommit { seq: 8, n_desc: 1, n_images: 3, body_crc: 0xdead, extra: vec![1, 2] };
+        c.encode(&mut b);
+        assert_eq!(JournalCommit::decode(&b).unwrap(), c);
+        let h = JournalHeader { start_seq: 99 };
+        h.encode(&mut b);
+        assert_eq!(JournalHeader::decode(&b).unwrap(), h);
+        b.fill(0xff);
+        bitmap_seal(&mut b, 3);
+        bitmap_check(&b, 3).unwrap();
+        assert!(bitmap_check(&b, 4).is_err());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        /// No decoder panics on any bytes, of any length.
+        #[test]
+        fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..BLOCK_SIZE + 8), flip in any::<u64>()) {
+            let mut block = bytes.clone();
+            block.resize(BLOCK_SIZE, (flip & 0xff) as u8);
+            for b in [&bytes[..], &block[..]] {
+                let _ = Superblock::decode(b);
+                let _ = ExtentBlock::decode(b);
+                let _ = dir_block_decode(flip, b);
+                let _ = JournalHeader::decode(b);
+                let _ = JournalDesc::decode(b);
+                let _ = JournalCommit::decode(b);
+                let _ = bitmap_check(b, flip);
+                if b.len() >= INODE_SIZE {
+                    let _ = DiskInode::decode(flip, &b[..INODE_SIZE]);
+                }
+            }
+        }
+
+        /// Valid structures with random bytes flipped: decode errors, or returns a value.
+        #[test]
+        fn corrupted_valid_blocks_never_panic(at in 0..BLOCK_SIZE, x in 1u8..=255) {
+            let mut b = vec![0; BLOCK_SIZE];
+            sb().encode(&mut b);
+            b[at] ^= x;
+            prop_assert!(Superblock::decode(&b).is_err());
+            let mut slots = vec![None; DIRENTS_PER_BLOCK];
+            slots[0] = Some(Dirent { ino: 3, ftype: 1, name: b"abc".to_vec() });
+            dir_block_encode(2, &slots, &mut b);
+            b[at] ^= x;
+            prop_assert!(dir_block_decode(2, &b).is_err());
+        }
+    }
+}

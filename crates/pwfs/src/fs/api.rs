@@ -1,0 +1,536 @@
+//! The path-based Rust API: `Fs::open`, `File`, `OpenOptions`, `Metadata`, and
+//! directory iteration, built on the inode-level operations.
+//!
+//! Paths are taken relative to the root of the file system ("/a/b" and "a/b" name
+//! the same file). Symlinks are followed (at most 40 per lookup, then ELOOP), except
+//! in the last component where the operation says so (lstat, readlink, unlink...).
+
+use super::Fs;
+use crate::error::{Error, ErrorKind, Result};
+use crate::format::{self as f, Timespec};
+use parking_lot::Mutex;
+use std::io;
+
+const MAX_SYMLINKS: u32 = 40;
+const PATH_MAX: usize = 4096;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileType {
+    File,
+    Directory,
+    Symlink,
+    Fifo,
+    CharDevice,
+    BlockDevice,
+    Socket,
+}
+
+impl FileType {
+    pub fn from_mode(mode: u32) -> FileType {
+        match mode & f::S_IFMT {
+            f::S_IFDIR => FileType::Directory,
+            f::S_IFLNK => FileType::Symlink,
+            f::S_IFIFO => FileType::Fifo,
+            f::S_IFCHR => FileType::CharDevice,
+            f::S_IFBLK => FileType::BlockDevice,
+            f::S_IFSOCK => FileType::Socket,
+            _ => FileType::File,
+        }
+    }
+    pub fn from_dirent(t: u8) -> FileType {
+        match t {
+            4 => FileType::Directory,
+            10 => FileType::Symlink,
+            1 => FileType::Fifo,
+            2 => FileType::CharDevice,
+            6 => FileType::BlockDevice,
+            12 => FileType::Socket,
+            _ => FileType::File,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Metadata {
+    pub ino: u64,
+    pub kind: FileType,
+    /// Type and permission bits, as st_mode.
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub size: u64,
+    /// 512-byte units allocated, as st_blocks.
+    pub blocks: u64,
+    pub atime: Timespec,
+    pub mtime: Timespec,
+    pub ctime: Timespec,
+    pub generation: u32,
+    pub rdev: u32,
+    pub blksize: u32,
+}
+
+impl Metadata {
+    pub fn is_dir(&self) -> bool {
+        self.kind == FileType::Directory
+    }
+    pub fn is_file(&self) -> bool {
+        self.kind == FileType::File
+    }
+    pub fn permissions(&self) -> u32 {
+        self.mode & 0o7777
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    pub ino: u64,
+    pub kind: FileType,
+    pub name: Vec<u8>,
+    /// Offset to pass to `readdir` to continue after this entry.
+    pub next: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeSet {
+    Now,
+    At(Timespec),
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<TimeSet>,
+    pub mtime: Option<TimeSet>,
+    pub ctime: Option<Timespec>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatFs {
+    pub block_size: u32,
+    pub blocks: u64,
+    pub blocks_free: u64,
+    pub blocks_available: u64,
+    pub inodes: u64,
+    pub inodes_free: u64,
+    pub name_max: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    read: bool,
+    write: bool,
+    append: bool,
+    truncate: bool,
+    create: bool,
+    create_new: bool,
+    nofollow: bool,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions::new()
+    }
+}
+
+impl OpenOptions {
+    pub fn new() -> OpenOptions {
+        OpenOptions {
+            read: false,
+            write: false,
+            append: false,
+            truncate: false,
+            create: false,
+            create_new: false,
+            nofollow: false,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+        }
+    }
+    pub fn read(&mut self, v: bool) -> &mut Self {
+        self.read = v;
+        self
+    }
+    pub fn write(&mut self, v: bool) -> &mut Self {
+        self.write = v;
+        self
+    }
+    /// O_APPEND: every write goes to the end of the file (implies write).
+    pub fn append(&mut self, v: bool) -> &mut Self {
+        self.append = v;
+        self
+    }
+    /// O_TRUNC.
+    pub fn truncate(&mut self, v: bool) -> &mut Self {
+        self.truncate = v;
+        self
+    }
+    /// O_CREAT.
+    pub fn create(&mut self, v: bool) -> &mut Self {
+        self.create = v;
+        self
+    }
+    /// O_CREAT|O_EXCL.
+    pub fn create_new(&mut self, v: bool) -> &mut Self {
+        self.create_new = v;
+        self
+    }
+    /// O_NOFOLLOW: a symlink in the last component is ELOOP.
+    pub fn nofollow(&mut self, v: bool) -> &mut Self {
+        self.nofollow = v;
+        self
+    }
+    /// Permission bits of a created file.
+    pub fn mode(&mut self, mode: u32) -> &mut Self {
+        self.mode = mode;
+        self
+    }
+    /// Owner of a created file.
+    pub fn owner(&mut self, uid: u32, gid: u32) -> &mut Self {
+        self.uid = uid;
+        self.gid = gid;
+        self
+    }
+
+    pub fn open(&self, fs: &Fs, path: impl AsRef<[u8]>) -> Result<File> {
+        fs.open(path, self)
+    }
+}
+
+/// An open file. Dropping it releases the handle; an unlinked file is freed when
+/// its last handle goes.
+pub struct File {
+    fs: Fs,
+    ino: u64,
+    pos: Mutex<u64>,
+    readable: bool,
+    writable: bool,
+    append: bool,
+}
+
+impl File {
+    pub fn ino(&self) -> u64 {
+        self.ino
+    }
+
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        if !self.readable {
+            return Err(Error::new(ErrorKind::BadHandle, "file not open for reading"));
+        }
+        self.fs.read(self.ino, offset, buf)
+    }
+
+    /// Write all of `data` at `offset` (at the end of file for O_APPEND handles).
+    pub fn write_at(&self, data: &[u8], offset: u64) -> Result<usize> {
+        if !self.writable {
+            return Err(Error::new(ErrorKind::BadHandle, "file not open for writing"));
+        }
+        self.fs.write(self.ino, offset, data, self.append)?;
+        Ok(data.len())
+    }
+
+    /// Read at the file position, advancing it.
+    pub fn read(&self, buf: &mut [u8]) -> Result<usize> {
+        let mut pos = self.pos.lock();
+        let n = self.read_at(buf, *pos)?;
+        *pos += n as u64;
+        Ok(n)
+    }
+
+    /// Write at the file position (or the end, for O_APPEND), advancing it.
+    pub fn write(&self, data: &[u8]) -> Result<usize> {
+        if !self.writable {
+            return Err(Error::new(ErrorKind::BadHandle, "file not open for writing"));
+        }
+        let mut pos = self.pos.lock();
+        let at = self.fs.write(self.ino, *pos, data, self.append)?;
+        *pos = at + data.len() as u64;
+        Ok(data.len())
+    }
+
+    pub fn seek(&self, to: io::SeekFrom) -> Result<u64> {
+        let mut pos = self.pos.lock();
+        let base = match to {
+            io::SeekFrom::Start(n) => {
+                *pos = n;
+                return Ok(n);
+            }
+            io::SeekFrom::Current(d) => (*pos as i64, d),
+            io::SeekFrom::End(d) => (self.metadata()?.size as i64, d),
+        };
+        let n = base.0.checked_add(base.1).filter(|n| *n >= 0).ok_or_else(|| Error::invalid("seek before start"))?;
+        *pos = n as u64;
+        Ok(n as u64)
+    }
+
+    pub fn set_len(&self, size: u64) -> Result<()> {
+        if !self.writable {
+            return Err(Error::invalid("file not open for writing"));
+        }
+        self.fs.truncate(self.ino, size)
+    }
+
+    pub fn metadata(&self) -> Result<Metadata> {
+        self.fs.getattr(self.ino)
+    }
+
+    /// fsync(2).
+    pub fn sync_all(&self) -> Result<()> {
+        self.fs.fsync(self.ino, false)
+    }
+
+    /// fdatasync(2).
+    pub fn sync_data(&self) -> Result<()> {
+        self.fs.fsync(self.ino, true)
+    }
+}
+
+impl std::fmt::Debug for File {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "File(ino {})", self.ino)
+    }
+}
+
+impl Drop for File {
+    fn drop(&mut self) {
+        self.fs.release_ino(self.ino);
+    }
+}
+
+impl io::Read for &File {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        File::read(self, buf).map_err(Into::into)
+    }
+}
+
+impl io::Write for &File {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        File::write(self, buf).map_err(Into::into)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+fn split_last(path: &[u8]) -> Result<(&[u8], &[u8])> {
+    let trimmed = {
+        let mut end = path.len();
+        while end > 1 && path[end - 1] == b'/' {
+            end -= 1;
+        }
+        &path[..end]
+    };
+    match trimmed.iter().rposition(|c| *c == b'/') {
+        Some(i) => Ok((&trimmed[..i + 1], &trimmed[i + 1..])),
+        None => Ok((b"", trimmed)),
+    }
+}
+
+impl Fs {
+    fn walk(&self, start: u64, path: &[u8], follow_last: bool, depth: &mut u32) -> Result<u64> {
+        if path.len() >= PATH_MAX {
+            return Err(Error::name_too_long("path longer than PATH_MAX"));
+        }
+        let mut cur = if path.starts_with(b"/") { f::ROOT_INO } else { start };
+        let comps: Vec<&[u8]> = path.split(|c| *c == b'/').filter(|c| !c.is_empty()).collect();
+        for (i, c) in comps.iter().enumerate() {
+            let last = i + 1 == comps.len();
+            let md = self.lookup(cur, c)?;
+            if md.kind == FileType::Symlink && (!last || follow_last) {
+                *depth += 1;
+                if *depth > MAX_SYMLINKS {
+                    return Err(Error::is_loop("too many levels of symbolic links"));
+                }
+                let target = self.readlink(md.ino)?;
+                cur = self.walk(cur, &target, true, depth)?;
+            } else {
+                cur = md.ino;
+            }
+        }
+        if path.ends_with(b"/") && !comps.is_empty() && !self.getattr(cur)?.is_dir() {
+            return Err(Error::not_dir("trailing slash on a non-directory"));
+        }
+        Ok(cur)
+    }
+
+    /// The inode a path names, following symlinks in the last component or not.
+    pub fn resolve(&self, path: impl AsRef<[u8]>, follow: bool) -> Result<u64> {
+        let path = path.as_ref();
+        if path.is_empty() {
+            return Err(Error::not_found("empty path"));
+        }
+        self.walk(f::ROOT_INO, path, follow, &mut 0)
+    }
+
+    /// The directory that holds the last component, and that component's name.
+    fn resolve_parent<'p>(&self, path: &'p [u8]) -> Result<(u64, &'p [u8])> {
+        if path.is_empty() {
+            return Err(Error::not_found("empty path"));
+        }
+        let (dir, name) = split_last(path)?;
+        if name.is_empty() || name == b"/" {
+            return Err(Error::new(ErrorKind::Busy, "the root directory"));
+        }
+        let parent = if dir.is_empty() { f::ROOT_INO } else { self.walk(f::ROOT_INO, dir, true, &mut 0)? };
+        Ok((parent, name))
+    }
+
+    pub fn open(&self, path: impl AsRef<[u8]>, o: &OpenOptions) -> Result<File> {
+        let path = path.as_ref();
+        let writable = o.write || o.append;
+        if !o.read && !writable {
+            return Err(Error::invalid("open for neither reading nor writing"));
+        }
+        if (o.create || o.create_new || o.truncate) && !writable {
+            return Err(Error::invalid("O_CREAT or O_TRUNC without write access"));
+        }
+        let ino = if o.create_new {
+            let (parent, name) = self.resolve_parent(path)?;
+            self.mknod(parent, name, f::S_IFREG | (o.mode & 0o7777), 0, o.uid, o.gid)?.ino
+        } else {
+            match self.resolve(path, !o.nofollow) {
+                Ok(ino) => ino,
+                Err(e) if e.kind == ErrorKind::NotFound && o.create => {
+                    let (parent, name) = self.resolve_parent(path)?;
+                    match self.mknod(parent, name, f::S_IFREG | (o.mode & 0o7777), 0, o.uid, o.gid) {
+                        Ok(md) => md.ino,
+                        // Lost a race with another creator, or a dangling symlink.
+                        Err(e2) if e2.kind == ErrorKind::Exists => self.resolve(path, !o.nofollow)?,
+                        Err(e2) => return Err(e2),
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let md = self.open_ino(ino)?;
+        let file = File { fs: self.clone(), ino, pos: Mutex::new(0), readable: o.read, writable, append: o.append };
+        match md.kind {
+            FileType::Directory if writable => return Err(Error::is_dir("")),
+            FileType::Symlink => return Err(Error::is_loop("O_NOFOLLOW on a symlink")),
+            _ => {}
+        }
+        if o.truncate && md.kind == FileType::File && md.size > 0 {
+            self.truncate(ino, 0)?;
+        }
+        Ok(file)
+    }
+
+    pub fn create(&self, path: impl AsRef<[u8]>) -> Result<File> {
+        OpenOptions::new().write(true).create(true).truncate(true).open(self, path)
+    }
+
+    pub fn metadata(&self, path: impl AsRef<[u8]>) -> Result<Metadata> {
+        self.getattr(self.resolve(path, true)?)
+    }
+
+    pub fn symlink_metadata(&self, path: impl AsRef<[u8]>) -> Result<Metadata> {
+        self.getattr(self.resolve(path, false)?)
+    }
+
+    pub fn create_dir(&self, path: impl AsRef<[u8]>, mode: u32) -> Result<Metadata> {
+        let (parent, name) = self.resolve_parent(path.as_ref()).map_err(|e| busy_is(e, ErrorKind::Exists))?;
+        self.mkdir(parent, name, mode, 0, 0)
+    }
+
+    pub fn remove_dir(&self, path: impl AsRef<[u8]>) -> Result<()> {
+        let (parent, name) = self.resolve_parent(path.as_ref())?;
+        self.rmdir(parent, name)
+    }
+
+    pub fn remove_file(&self, path: impl AsRef<[u8]>) -> Result<()> {
+        let (parent, name) = self.resolve_parent(path.as_ref()).map_err(|e| busy_is(e, ErrorKind::IsDir))?;
+        self.unlink(parent, name)
+    }
+
+    pub fn rename_path(&self, from: impl AsRef<[u8]>, to: impl AsRef<[u8]>) -> Result<()> {
+        let (sp, sname) = self.resolve_parent(from.as_ref())?;
+        let (dp, dname) = self.resolve_parent(to.as_ref())?;
+        self.rename(sp, sname, dp, dname, false)
+    }
+
+    pub fn hard_link(&self, src: impl AsRef<[u8]>, dst: impl AsRef<[u8]>) -> Result<Metadata> {
+        let ino = self.resolve(src, false)?;
+        let (parent, name) = self.resolve_parent(dst.as_ref()).map_err(|e| busy_is(e, ErrorKind::Exists))?;
+        self.link(ino, parent, name)
+    }
+
+    /// Create `link` pointing at `target`.
+    pub fn symlink_path(&self, target: impl AsRef<[u8]>, link: impl AsRef<[u8]>) -> Result<Metadata> {
+        let (parent, name) = self.resolve_parent(link.as_ref()).map_err(|e| busy_is(e, ErrorKind::Exists))?;
+        self.symlink(parent, name, target.as_ref(), 0, 0)
+    }
+
+    pub fn read_link(&self, path: impl AsRef<[u8]>) -> Result<Vec<u8>> {
+        self.readlink(self.resolve(path, false)?)
+    }
+
+    pub fn set_permissions(&self, path: impl AsRef<[u8]>, mode: u32) -> Result<Metadata> {
+        self.setattr(self.resolve(path, true)?, &SetAttr { mode: Some(mode), ..Default::default() })
+    }
+
+    pub fn set_owner(&self, path: impl AsRef<[u8]>, uid: Option<u32>, gid: Option<u32>) -> Result<Metadata> {
+        self.setattr(self.resolve(path, true)?, &SetAttr { uid, gid, ..Default::default() })
+    }
+
+    pub fn set_times(&self, path: impl AsRef<[u8]>, atime: Option<TimeSet>, mtime: Option<TimeSet>) -> Result<Metadata> {
+        self.setattr(self.resolve(path, true)?, &SetAttr { atime, mtime, ..Default::default() })
+    }
+
+    pub fn set_len(&self, path: impl AsRef<[u8]>, size: u64) -> Result<()> {
+        self.truncate(self.resolve(path, true)?, size)
+    }
+
+    /// Every entry of a directory except "." and "..", in offset order.
+    pub fn read_dir(&self, path: impl AsRef<[u8]>) -> Result<Vec<DirEntry>> {
+        let ino = self.resolve(path, true)?;
+        let mut out = Vec::new();
+        let mut off = 2;
+        loop {
+            let batch = self.readdir(ino, off, 1024)?;
+            let Some(last) = batch.last() else { break };
+            off = last.next;
+            out.extend(batch);
+        }
+        Ok(out)
+    }
+
+    pub fn write_file(&self, path: impl AsRef<[u8]>, data: &[u8]) -> Result<()> {
+        let f = self.create(path)?;
+        f.write_at(data, 0)?;
+        Ok(())
+    }
+
+    pub fn read_file(&self, path: impl AsRef<[u8]>) -> Result<Vec<u8>> {
+        let f = OpenOptions::new().read(true).open(self, path)?;
+        let mut buf = vec![0; f.metadata()?.size as usize + 1];
+        let mut at = 0;
+        loop {
+            if at == buf.len() {
+                buf.resize(at * 2, 0);
+            }
+            let n = f.read_at(&mut buf[at..], at as u64)?;
+            if n == 0 {
+                break;
+            }
+            at += n;
+        }
+        buf.truncate(at);
+        Ok(buf)
+    }
+}
+
+/// Operations on "/" itself report what POSIX says for them, not EBUSY.
+fn busy_is(e: Error, kind: ErrorKind) -> Error {
+    if e.kind == ErrorKind::Busy {
+        Error::new(kind, e.detail)
+    } else {
+        e
+    }
+}

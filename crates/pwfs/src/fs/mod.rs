@@ -1,0 +1,616 @@
+//! fs: the file system — namespace, inodes, directories, and file I/O entry points.
+//!
+//! Layers (DESIGN.md §2), top to bottom:
+//! - `api`: the path-based Rust API (`Fs::open`, `File`, `OpenOptions`, ...).
+//! - this module: inode-level operations, used by `api` and by front ends (FUSE).
+//! - `meta`: metadata state under one mutex; `lock` orders file access; `cache`
+//!   holds file data; `journal` makes metadata durable; `alloc` and `format` below.
+//!
+//! Commit protocol (ordered mode; docs/FORMAT.md walks the crash cases): under the
+//! commit lock, write back dirty data (allocating its blocks: delayed allocation),
+//! wait for it, close the metadata transaction, log it, flush, write the commit
+//! block, flush. Blocks freed by the transaction become reusable only after that.
+//! Any failed device write or flush poisons the file system: it turns read-only and
+//! every later change fails with EROFS, so a lost write is never reported as success.
+
+pub mod api;
+pub mod meta;
+mod ops;
+
+use crate::cache::{Page, PageCache, PageState};
+use crate::config::Config;
+use crate::device::{AlignedBuf, Device, Op, OpKind};
+use crate::error::{Error, ErrorKind, Result};
+use crate::format::{self as f, Superblock, BLOCK, BLOCK_SIZE};
+use crate::journal::{self, Journal};
+use crate::lock::LockTable;
+use meta::Meta;
+use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+
+pub use api::{DirEntry, File, FileType, Metadata, OpenOptions, SetAttr, StatFs};
+
+/// Options for formatting a device.
+#[derive(Debug, Clone, Default)]
+pub struct MkfsOptions {
+    /// Number of inodes (default: one per 16 KiB, at least 1024).
+    pub inodes: Option<u64>,
+    /// Journal size in blocks (default: 1/64 of the device, 256..=16384 blocks).
+    pub journal_blocks: Option<u64>,
+}
+
+/// A mounted file system. Cheap to clone; the last handle (open `File`s included)
+/// to go away flushes and empties the journal, as `unmount` does explicitly.
+#[derive(Clone)]
+pub struct Fs {
+    pub(crate) inner: Arc<FsInner>,
+}
+
+pub(crate) struct FsInner {
+    pub dev: Arc<dyn Device>,
+    pub sb: Superblock,
+    pub config: Config,
+    pub meta: Mutex<Meta>,
+    pub journal: Mutex<Journal>,
+    pub cache: PageCache,
+    pub locks: LockTable,
+    /// Serializes write-back, commit, and block freeing (see `lock` for the order).
+    pub commit_lock: Mutex<()>,
+    poisoned: Mutex<Option<String>>,
+    stop: (Mutex<bool>, Condvar),
+    thread: Mutex<Option<JoinHandle<()>>>,
+    pub stats: FsStats,
+}
+
+#[derive(Debug, Default)]
+pub struct FsStats {
+    pub data_writes: AtomicU64,
+    pub data_reads: AtomicU64,
+    pub fetches_for_partial_write: AtomicU64,
+}
+
+/// What the journal held at mount.
+#[derive(Debug, Clone, Default)]
+pub struct MountReport {
+    pub transactions_replayed: usize,
+    pub blocks_replayed: usize,
+    pub orphans_freed: usize,
+    pub used_backup_superblock: bool,
+}
+
+fn now_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+}
+
+/// Format `dev`. Everything on it is lost.
+pub fn mkfs(dev: &dyn Device, opts: &MkfsOptions) -> Result<Superblock> {
+    let total = dev.len() / BLOCK;
+    if total < 64 {
+        return Err(Error::invalid(format!("device too small: {} bytes (need at least 256 KiB)", dev.len())));
+    }
+    let inodes = opts.inodes.unwrap_or((total / 4).max(1024)).min(u32::MAX as u64);
+    let jblocks = opts.journal_blocks.unwrap_or((total / 64).clamp(256, 16384)).min(total / 4).max(16);
+    let mut uuid = [0u8; 16];
+    rand::Rng::fill(&mut rand::thread_rng(), &mut uuid[..]);
+    let sb = Superblock::layout(total, inodes, jblocks, uuid, now_ns())
+        .map_err(|e| Error::invalid(format!("cannot lay out a file system on {total} blocks: {e}")))?;
+    let write = |block: u64, bufs: Vec<AlignedBuf>| -> Result<()> {
+        for d in dev.submit(vec![Op { kind: OpKind::Write, offset: block * BLOCK, bufs }]) {
+            d.result?;
+        }
+        Ok(())
+    };
+    let zeros = |n: u64| (0..n).map(|_| dev.alloc(BLOCK_SIZE)).collect::<Vec<_>>();
+    // Inode table and the first log block: zeroed, so nothing of an earlier format is read.
+    let mut b = sb.inode_table_start;
+    while b < sb.data_start {
+        let n = (sb.data_start - b).min(256);
+        write(b, zeros(n))?;
+        b += n;
+    }
+    write(sb.journal_start + 1, zeros(1))?;
+    // Block bitmap: everything outside the data area is in use.
+    for i in 0..sb.block_bitmap_blocks {
+        let mut buf = dev.alloc(BLOCK_SIZE);
+        for bit in 0..f::BITS_PER_BITMAP_BLOCK {
+            let blk = i * f::BITS_PER_BITMAP_BLOCK + bit;
+            if blk < sb.data_start || (blk >= sb.data_end && blk < total) {
+                buf[(bit / 8) as usize] |= 1 << (bit % 8);
+            }
+        }
+        f::bitmap_seal(&mut buf, i);
+        write(sb.block_bitmap_start + i, vec![buf])?;
+    }
+    for i in 0..sb.inode_bitmap_blocks {
+        let mut buf = dev.alloc(BLOCK_SIZE);
+        if i == 0 {
+            buf[0] = 1; // the root inode
+        }
+        f::bitmap_seal(&mut buf, i);
+        write(sb.inode_bitmap_start + i, vec![buf])?;
+    }
+    let t = meta::now();
+    let root = f::DiskInode {
+        mode: f::S_IFDIR | 0o755,
+        nlink: 2,
+        parent: f::ROOT_INO,
+        atime: t,
+        mtime: t,
+        ctime: t,
+        generation: 1,
+        ..Default::default()
+    };
+    let mut buf = dev.alloc(BLOCK_SIZE);
+    root.encode(f::ROOT_INO, &mut buf[..f::INODE_SIZE]);
+    write(sb.inode_table_start, vec![buf])?;
+    // A start sequence nobody used before on this medium, so stale log blocks never match.
+    let start_seq = (rand::random::<u32>() as u64) << 20 | 1;
+    journal::write_header(dev, sb.journal_start, start_seq)?;
+    let mut buf = dev.alloc(BLOCK_SIZE);
+    sb.encode(&mut buf);
+    let backup = AlignedBuf::from_slice(&buf);
+    write(total - 1, vec![backup])?;
+    dev.flush()?;
+    // The primary superblock last: until it is written the device is not a pwfs image.
+    write(0, vec![buf])?;
+    dev.flush()?;
+    Ok(sb)
+}
+
+/// Read and check the superblock, falling back to the backup copy.
+pub fn read_superblock(dev: &dyn Device) -> Result<(Superblock, bool)> {
+    let total = dev.len() / BLOCK;
+    if total < 64 {
+        return Err(Error::corrupt(format!("device too small to hold a pwfs image ({} bytes)", dev.len())));
+    }
+    let read = |b: u64| -> Result<AlignedBuf> {
+        let (buf, r) = dev.read(b * BLOCK, dev.alloc(BLOCK_SIZE));
+        r?;
+        Ok(buf)
+    };
+    let (sb, backup) = match Superblock::decode(&read(0)?) {
+        Ok(sb) => (sb, false),
+        Err(primary) => match Superblock::decode(&read(total - 1)?) {
+            Ok(sb) if !matches!(primary, f::FormatError::Magic { .. }) => (sb, true),
+            _ => {
+                return Err(Error::corrupt(match primary {
+                    f::FormatError::Magic { .. } => "not a pwfs image (no superblock magic)".to_string(),
+                    e => format!("bad superblock and no usable backup: {e}"),
+                }))
+            }
+        },
+    };
+    if sb.total_blocks > total {
+        return Err(Error::corrupt(format!(
+            "image truncated: superblock says {} blocks, device has {total}",
+            sb.total_blocks
+        )));
+    }
+    Ok((sb, backup))
+}
+
+impl Fs {
+    /// Mount a formatted device: check the superblock, replay the journal, free orphans.
+    pub fn mount(dev: Arc<dyn Device>, config: Config) -> Result<Fs> {
+        Fs::mount_report(dev, config).map(|(fs, _)| fs)
+    }
+
+    pub fn mount_report(dev: Arc<dyn Device>, config: Config) -> Result<(Fs, MountReport)> {
+        config.validate()?;
+        let (sb, used_backup) = read_superblock(&*dev)?;
+        let scan = journal::scan(&*dev, &sb)?;
+        let mut report = MountReport {
+            used_backup_superblock: used_backup,
+            transactions_replayed: scan.transactions.len(),
+            ..Default::default()
+        };
+        let preloaded = if config.read_only {
+            journal::plan(&scan)
+        } else {
+            report.blocks_replayed = journal::replay(&*dev, &sb, &scan)?;
+            Default::default()
+        };
+        let meta = Meta::load(sb.clone(), dev.clone(), preloaded)?;
+        let inner = Arc::new(FsInner {
+            journal: Mutex::new(Journal::new(&sb, scan.next_seq())),
+            cache: PageCache::new((config.cache_bytes / BLOCK) as usize),
+            dev,
+            sb,
+            meta: Mutex::new(meta),
+            locks: LockTable::default(),
+            commit_lock: Mutex::new(()),
+            poisoned: Mutex::new(None),
+            stop: (Mutex::new(false), Condvar::new()),
+            thread: Mutex::new(None),
+            stats: FsStats::default(),
+            config,
+        });
+        // The root must be a directory.
+        if !inner.meta.lock().inode(f::ROOT_INO)?.is_dir() {
+            return Err(Error::corrupt("root inode is not a directory"));
+        }
+        if !inner.config.read_only {
+            report.orphans_freed = inner.free_orphans()?;
+            inner.commit()?;
+        }
+        if let Some(every) = inner.config.writeback_interval.filter(|_| !inner.config.read_only) {
+            let weak = Arc::downgrade(&inner);
+            let h = std::thread::Builder::new()
+                .name("pwfs-writeback".into())
+                .spawn(move || writeback_thread(weak, every))
+                .map_err(|e| Error::io(format!("cannot start the write-back thread: {e}")))?;
+            *inner.thread.lock() = Some(h);
+        }
+        Ok((Fs { inner }, report))
+    }
+
+    /// Flush everything, empty the journal and stop the background thread.
+    pub fn unmount(self) -> Result<()> {
+        self.inner.shutdown()
+    }
+
+    pub fn superblock(&self) -> &Superblock {
+        &self.inner.sb
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.inner.dev
+    }
+
+    /// Why the file system turned read-only, if it did.
+    pub fn poisoned(&self) -> Option<String> {
+        self.inner.poisoned.lock().clone()
+    }
+
+    /// Commit everything (sync(2)).
+    pub fn sync(&self) -> Result<()> {
+        self.inner.commit()
+    }
+
+    /// Drop every clean cached page (benchmarks use it for cold runs).
+    pub fn evict_cache(&self) -> Result<()> {
+        self.inner.commit()?;
+        self.inner.cache.evict_clean();
+        Ok(())
+    }
+
+    pub fn cache_stats(&self) -> (u64, u64, u64) {
+        let s = &self.inner.cache.stats;
+        (s.hits.load(Ordering::Relaxed), s.misses.load(Ordering::Relaxed), s.evictions.load(Ordering::Relaxed))
+    }
+
+    pub fn journal_stats(&self) -> journal::JournalStats {
+        self.inner.journal.lock().stats
+    }
+}
+
+impl Drop for FsInner {
+    fn drop(&mut self) {
+        let _ = self.shutdown();
+    }
+}
+
+fn writeback_thread(fs: Weak<FsInner>, every: std::time::Duration) {
+    loop {
+        let Some(inner) = fs.upgrade() else { return };
+        {
+            let mut stop = inner.stop.0.lock();
+            if *stop {
+                return;
+            }
+            inner.stop.1.wait_for(&mut stop, every);
+            if *stop {
+                return;
+            }
+        }
+        if inner.poisoned.lock().is_none() {
+            // Errors poison the file system; the next caller sees them.
+            let _ = inner.commit();
+        }
+    }
+}
+
+impl FsInner {
+    pub fn check_writable(&self) -> Result<()> {
+        if self.config.read_only {
+            return Err(Error::read_only("mounted read-only"));
+        }
+        if let Some(why) = &*self.poisoned.lock() {
+            return Err(Error::read_only(format!("file system is read-only after an I/O error: {why}")));
+        }
+        Ok(())
+    }
+
+    /// Turn read-only after a failed write or flush; returns the error to report.
+    pub fn poison(&self, e: Error) -> Error {
+        let mut p = self.poisoned.lock();
+        if p.is_none() {
+            *p = Some(e.to_string());
+        }
+        if e.kind == ErrorKind::NoSpace {
+            return e;
+        }
+        Error::io(e.detail)
+    }
+
+    fn shutdown(&self) -> Result<()> {
+        *self.stop.0.lock() = true;
+        self.stop.1.notify_all();
+        if let Some(h) = self.thread.lock().take() {
+            if h.thread().id() != std::thread::current().id() {
+                let _ = h.join();
+            }
+        }
+        if self.config.read_only || self.poisoned.lock().is_some() {
+            return self.check_writable().or_else(|e| if self.config.read_only { Ok(()) } else { Err(e) });
+        }
+        self.commit()?;
+        let _c = self.commit_lock.lock();
+        let r = self.journal.lock().checkpoint(&*self.dev);
+        r.map_err(|e| self.poison(e))?;
+        self.meta.lock().pinned.clear();
+        Ok(())
+    }
+
+    /// Free the inodes that lost their last name and handle. Under the commit lock,
+    /// so that write-back never places a page of a freed inode.
+    fn free_unlinked(&self) -> Result<()> {
+        let inos = std::mem::take(&mut self.meta.lock().to_free);
+        for ino in inos {
+            self.cache.drop_from(ino, 0);
+            let mut m = self.meta.lock();
+            // Reopened by inode number, or relinked, meanwhile: keep it.
+            if m.open.get(&ino).copied().unwrap_or(0) == 0 && m.inode(ino)?.d.nlink == 0 {
+                m.free_inode(ino)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn free_orphans(&self) -> Result<usize> {
+        let mut m = self.meta.lock();
+        let mut n = 0;
+        for ino in m.used_inodes() {
+            if m.inode(ino)?.d.nlink == 0 {
+                m.free_inode(ino)?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    // ------------------------------------------------------------ commit
+
+    pub fn commit(&self) -> Result<()> {
+        self.check_writable()?;
+        let _c = self.commit_lock.lock();
+        self.commit_locked()
+    }
+
+    /// Write back data, then log metadata. The caller holds the commit lock.
+    pub fn commit_locked(&self) -> Result<()> {
+        self.check_writable()?;
+        self.free_unlinked().map_err(|e| self.poison(e))?;
+        let wrote = self.writeback_locked()?;
+        let (tx, frees) = {
+            let mut m = self.meta.lock();
+            m.take_tx().map_err(|e| self.poison(e))?
+        };
+        let logged: Vec<u64> = tx.images.iter().map(|(b, _)| *b).collect();
+        if tx.is_empty() {
+            if wrote {
+                self.dev.flush().map_err(|e| self.poison(e.into()))?;
+            }
+            self.meta.lock().alloc.release(frees);
+            return Ok(());
+        }
+        let mut j = self.journal.lock();
+        let before = j.stats.checkpoints;
+        j.commit(&*self.dev, tx).map_err(|e| self.poison(e))?;
+        let checkpointed = j.stats.checkpoints != before;
+        drop(j);
+        let mut m = self.meta.lock();
+        if checkpointed {
+            m.pinned.clear();
+        }
+        m.pinned.extend(logged);
+        m.alloc.release(frees);
+        Ok(())
+    }
+
+    /// Commit if the running transaction is getting too big for the journal, or if
+    /// too much of the cache is dirty.
+    pub fn maybe_commit(&self) -> Result<()> {
+        let big = self.meta.lock().tx_blocks() >= self.journal.lock().max_images();
+        let dirty = self.cache.dirty_count() as f64 >= self.cache.capacity() as f64 * self.config.dirty_ratio;
+        if big || dirty {
+            self.commit()?;
+        }
+        Ok(())
+    }
+
+    /// Write every dirty page home, allocating blocks for unmapped pages. Returns
+    /// whether anything was written. The caller holds the commit lock.
+    fn writeback_locked(&self) -> Result<bool> {
+        let pages = self.cache.take_dirty();
+        if pages.is_empty() {
+            return Ok(false);
+        }
+        // Stable copies of the dirty pages; writers may go on changing the originals.
+        let mut items: Vec<(Arc<Page>, AlignedBuf)> = Vec::with_capacity(pages.len());
+        for p in pages {
+            let mut g = p.lock();
+            if g.state != PageState::Dirty {
+                continue;
+            }
+            let mut copy = self.dev.alloc(BLOCK_SIZE);
+            copy.copy_from_slice(g.data());
+            g.state = PageState::Writeback;
+            drop(g);
+            items.push((p, copy));
+        }
+        // A page dropped from the cache meanwhile (truncate, delete) has nothing to write.
+        items.retain(|(p, _)| self.cache.holds(p));
+        // Map (and allocate, as contiguous runs) under the metadata lock.
+        let mut placed: Vec<(u64, Arc<Page>, AlignedBuf)> = Vec::with_capacity(items.len());
+        {
+            let mut m = self.meta.lock();
+            let i = 0;
+            while !items.is_empty() {
+                let (ino, idx) = items[i].0.key;
+                // The run of consecutive pages of this inode starting at i.
+                let mut j = i + 1;
+                while j < items.len() && items[j].0.key == (ino, idx + (j - i) as u64) {
+                    j += 1;
+                }
+                let phys = self.map_run(&mut m, ino, idx, (j - i) as u64).map_err(|e| self.poison(e))?;
+                for (k, item) in items.drain(i..j).enumerate() {
+                    match phys[k] {
+                        Some(b) => placed.push((b, item.0, item.1)),
+                        // Truncated or deleted meanwhile: nothing to write.
+                        None => {
+                            let mut g = item.0.lock();
+                            if g.state == PageState::Writeback {
+                                g.state = PageState::UpToDate;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        placed.sort_by_key(|p| p.0);
+        let mut ops: Vec<Op> = Vec::new();
+        let mut last: Option<u64> = None;
+        for (b, _, buf) in placed.iter_mut() {
+            let buf = std::mem::replace(buf, AlignedBuf::new(0));
+            match (ops.last_mut(), last) {
+                (Some(op), Some(l)) if l + 1 == *b && op.bufs.len() < 256 => op.bufs.push(buf),
+                _ => ops.push(Op { kind: OpKind::Write, offset: *b * BLOCK, bufs: vec![buf] }),
+            }
+            last = Some(*b);
+        }
+        self.stats.data_writes.fetch_add(placed.len() as u64, Ordering::Relaxed);
+        for d in self.dev.submit(ops) {
+            d.result.map_err(|e| self.poison(e.into()))?;
+        }
+        for (_, p, _) in placed {
+            let mut g = p.lock();
+            if g.state == PageState::Writeback {
+                g.state = PageState::UpToDate;
+            }
+        }
+        Ok(true)
+    }
+
+    /// Device blocks for `n` consecutive pages of `ino` from `idx`, allocating the
+    /// unmapped ones; None for pages past the end of the file or of a freed inode.
+    fn map_run(&self, m: &mut Meta, ino: u64, idx: u64, n: u64) -> Result<Vec<Option<u64>>> {
+        let Ok(node) = m.inode(ino) else { return Ok(vec![None; n as usize]) };
+        let pages = node.d.size.div_ceil(BLOCK);
+        let mut out = Vec::with_capacity(n as usize);
+        let mut k = 0;
+        while k < n {
+            let lblk = idx + k;
+            let node = m.inode(ino)?;
+            if lblk >= pages {
+                out.push(None);
+                k += 1;
+                continue;
+            }
+            if let Some(b) = node.map(lblk) {
+                out.push(Some(b));
+                k += 1;
+                continue;
+            }
+            // Unmapped: allocate as much of the rest of the run as is unmapped.
+            let mut want = 1;
+            while k + want < n && idx + k + want < pages && node.map(idx + k + want).is_none() {
+                want += 1;
+            }
+            let goal = lblk.checked_sub(1).and_then(|p| node.map(p)).map(|b| b + 1);
+            let (first, got) = m.alloc_data(want, goal)?;
+            let node = m.inode(ino)?;
+            node.add_mapping(lblk, first, got);
+            let mut unreserved = 0;
+            for i in 0..got {
+                if node.reserved.remove(&(lblk + i)) {
+                    unreserved += 1;
+                }
+            }
+            m.reserved -= unreserved;
+            m.mark_inode_dirty(ino);
+            for i in 0..got {
+                out.push(Some(first + i));
+            }
+            k += got;
+        }
+        Ok(out)
+    }
+
+    // ------------------------------------------------------------ page fetch
+
+    /// Read the given freshly inserted (Fetching) pages of `ino` from the device, or
+    /// zero-fill the ones that map to no block. On error every page is failed.
+    pub fn fetch(&self, ino: u64, pages: Vec<Arc<Page>>) -> Result<()> {
+        if pages.is_empty() {
+            return Ok(());
+        }
+        let maps: Result<Vec<Option<u64>>> = {
+            let mut m = self.meta.lock();
+            m.inode(ino).map(|node| pages.iter().map(|p| node.map(p.key.1)).collect())
+        };
+        let maps = match maps {
+            Ok(v) => v,
+            Err(e) => {
+                pages.iter().for_each(|p| self.cache.fail(p));
+                return Err(e);
+            }
+        };
+        let mut ops: Vec<Op> = Vec::new();
+        let mut owners: Vec<Vec<usize>> = Vec::new();
+        let mut last: Option<u64> = None;
+        for (i, (p, b)) in pages.iter().zip(&maps).enumerate() {
+            let Some(b) = *b else {
+                let g = p.lock();
+                p.complete(g, self.dev.alloc(BLOCK_SIZE));
+                last = None;
+                continue;
+            };
+            let buf = self.dev.alloc(BLOCK_SIZE);
+            match (ops.last_mut(), last) {
+                (Some(op), Some(l)) if l + 1 == b && op.bufs.len() < 256 => {
+                    op.bufs.push(buf);
+                    owners.last_mut().expect("paired").push(i);
+                }
+                _ => {
+                    ops.push(Op { kind: OpKind::Read, offset: b * BLOCK, bufs: vec![buf] });
+                    owners.push(vec![i]);
+                }
+            }
+            last = Some(b);
+        }
+        self.stats.data_reads.fetch_add(ops.len() as u64, Ordering::Relaxed);
+        let mut err = None;
+        for (d, own) in self.dev.submit(ops).into_iter().zip(owners) {
+            match d.result {
+                Ok(()) => {
+                    for (buf, i) in d.bufs.into_iter().zip(own) {
+                        let g = pages[i].lock();
+                        pages[i].complete(g, buf);
+                    }
+                }
+                Err(e) => {
+                    own.iter().for_each(|i| self.cache.fail(&pages[*i]));
+                    err = Some(Error::from(e));
+                }
+            }
+        }
+        err.map_or(Ok(()), Err)
+    }
+}

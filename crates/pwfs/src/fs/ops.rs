@@ -1,0 +1,689 @@
+//! Inode-level operations: what a FUSE front end calls, and what the path API is
+//! built on. Permissions are not checked here (the kernel does it for FUSE with
+//! `default_permissions`; embedders are trusted); atime is not updated on read
+//! (noatime). See docs/DECISIONS.md.
+
+use super::api::{DirEntry, FileType, Metadata, SetAttr, StatFs, TimeSet};
+use super::meta::{ftype_of, now, Meta};
+use super::{Fs, FsInner};
+use crate::cache::PageState;
+use crate::error::{Error, Result};
+use crate::format::{self as f, BLOCK, BLOCK_SIZE};
+
+/// ext4's limit; beyond it link() and mkdir() fail with EMLINK.
+pub const LINK_MAX: u32 = 65000;
+
+pub(crate) fn check_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() {
+        return Err(Error::not_found("empty name"));
+    }
+    if name.len() > f::NAME_MAX {
+        return Err(Error::name_too_long(format!("name of {} bytes (at most {})", name.len(), f::NAME_MAX)));
+    }
+    if name.contains(&b'/') || name.contains(&0) {
+        return Err(Error::invalid("name contains '/' or NUL"));
+    }
+    Ok(())
+}
+
+fn is_dot(name: &[u8]) -> bool {
+    name == b"." || name == b".."
+}
+
+pub(crate) fn attr(ino: u64, node: &super::meta::Inode) -> Metadata {
+    let d = &node.d;
+    Metadata {
+        ino,
+        kind: FileType::from_mode(d.mode),
+        mode: d.mode,
+        uid: d.uid,
+        gid: d.gid,
+        nlink: d.nlink,
+        size: d.size,
+        blocks: (node.data_blocks() + node.chain.len() as u64) * (BLOCK / 512),
+        atime: d.atime,
+        mtime: d.mtime,
+        ctime: d.ctime,
+        generation: d.generation,
+        rdev: d.rdev,
+        blksize: BLOCK_SIZE as u32,
+    }
+}
+
+impl FsInner {
+    /// Run the changing part of an operation: the checks before it have passed, so an
+    /// error now leaves a half-done change in memory, and the file system turns
+    /// read-only rather than commit it.
+    fn mutate<T>(&self, m: &mut Meta, f: impl FnOnce(&mut Meta) -> Result<T>) -> Result<T> {
+        f(m).map_err(|e| self.poison(e))
+    }
+
+    /// Space for `n` more metadata blocks, committing once to reclaim freed space.
+    fn need_space(&self, m: &mut parking_lot::MutexGuard<'_, Meta>, n: u64, inode: bool) -> Result<()> {
+        let short = |m: &Meta| m.available() < n + Self::meta_reserve(m) || (inode && m.ifree == 0);
+        if short(m) && (m.alloc.pending_blocks() > 0 || !m.to_free.is_empty()) {
+            parking_lot::MutexGuard::unlocked(m, || self.commit())?;
+        }
+        if short(m) {
+            return Err(Error::no_space(if inode && m.ifree == 0 { "no free inodes" } else { "no free blocks" }));
+        }
+        Ok(())
+    }
+
+    /// Blocks kept back for metadata that commits allocate (extent chains).
+    fn meta_reserve(m: &Meta) -> u64 {
+        (m.sb.data_blocks() / 100).clamp(8, 1024)
+    }
+}
+
+impl Fs {
+    fn meta(&self) -> parking_lot::MutexGuard<'_, Meta> {
+        self.inner.meta.lock()
+    }
+
+    pub fn getattr(&self, ino: u64) -> Result<Metadata> {
+        let mut m = self.meta();
+        let node = m.inode(ino)?;
+        Ok(attr(ino, node))
+    }
+
+    pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Metadata> {
+        let mut m = self.meta();
+        let p = m.inode(parent)?;
+        if !p.is_dir() {
+            return Err(Error::not_dir(""));
+        }
+        let ino = match name {
+            b"." => parent,
+            b".." => p.d.parent,
+            _ => {
+                check_name(name)?;
+                m.lookup(parent, name)?.ok_or_else(|| Error::not_found(""))?.0
+            }
+        };
+        let node = m.inode(ino)?;
+        Ok(attr(ino, node))
+    }
+
+    /// Create a regular file, special file, directory or symlink.
+    fn make(&self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32, rdev: u32, target: Option<&[u8]>) -> Result<Metadata> {
+        self.inner.check_writable()?;
+        check_name(name)?;
+        let mut m = self.meta();
+        let p = m.inode(parent)?;
+        if !p.is_dir() {
+            return Err(Error::not_dir(""));
+        }
+        if p.d.nlink == 0 {
+            return Err(Error::not_found("directory was removed"));
+        }
+        let is_dir = mode & f::S_IFMT == f::S_IFDIR;
+        if is_dir && p.d.nlink >= LINK_MAX {
+            return Err(Error::too_many_links(""));
+        }
+        if is_dot(name) || m.lookup(parent, name)?.is_some() {
+            return Err(Error::exists(""));
+        }
+        let long_target = target.is_some_and(|t| t.len() > f::INLINE_MAX);
+        let grow = m.dir(parent)?.free.is_empty();
+        self.inner.need_space(&mut m, grow as u64 + long_target as u64, true)?;
+        let ino = self.inner.mutate(&mut m, |m| {
+            let ino = m.new_inode(mode, uid, gid)?;
+            let payload = match target {
+                Some(t) if t.len() > f::INLINE_MAX => Some(m.write_payload_block(t)?),
+                _ => None,
+            };
+            let node = m.inode(ino)?;
+            node.d.nlink = if is_dir { 2 } else { 1 };
+            node.d.rdev = rdev;
+            if is_dir {
+                node.d.parent = parent;
+            }
+            if let Some(t) = target {
+                node.d.size = t.len() as u64;
+                match payload {
+                    Some(b) => node.add_mapping(0, b, 1),
+                    None => {
+                        node.d.flags |= f::INODE_FLAG_INLINE;
+                        node.d.inline = t.to_vec();
+                    }
+                }
+            }
+            m.dir_add(parent, name, ino, ftype_of(mode))?;
+            let t = now();
+            let p = m.inode(parent)?;
+            p.d.mtime = t;
+            p.d.ctime = t;
+            if is_dir {
+                p.d.nlink += 1;
+            }
+            m.mark_inode_dirty(parent);
+            Ok(ino)
+        })?;
+        let md = attr(ino, m.inode(ino)?);
+        drop(m);
+        self.inner.maybe_commit()?;
+        Ok(md)
+    }
+
+    /// mknod(2) for regular and special files (mode carries the type; 0 means regular).
+    pub fn mknod(&self, parent: u64, name: &[u8], mode: u32, rdev: u32, uid: u32, gid: u32) -> Result<Metadata> {
+        let mode = if mode & f::S_IFMT == 0 { mode | f::S_IFREG } else { mode };
+        match mode & f::S_IFMT {
+            f::S_IFREG | f::S_IFIFO | f::S_IFCHR | f::S_IFBLK | f::S_IFSOCK => {}
+            _ => return Err(Error::invalid("mknod of a directory or symlink")),
+        }
+        self.make(parent, name, mode & (f::S_IFMT | 0o7777), uid, gid, rdev, None)
+    }
+
+    pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Metadata> {
+        self.make(parent, name, f::S_IFDIR | (mode & 0o7777), uid, gid, 0, None)
+    }
+
+    pub fn symlink(&self, parent: u64, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Metadata> {
+        if target.is_empty() {
+            return Err(Error::not_found("empty symlink target"));
+        }
+        if target.len() > f::SYMLINK_MAX {
+            return Err(Error::name_too_long("symlink target longer than PATH_MAX"));
+        }
+        self.make(parent, name, f::S_IFLNK | 0o777, uid, gid, 0, Some(target))
+    }
+
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        let mut m = self.meta();
+        let node = m.inode(ino)?;
+        if node.kind() != f::S_IFLNK {
+            return Err(Error::invalid("not a symlink"));
+        }
+        if node.d.flags & f::INODE_FLAG_INLINE != 0 {
+            return Ok(node.d.inline.clone());
+        }
+        let (len, b) = (node.d.size as usize, node.map(0).ok_or_else(|| Error::corrupt("symlink without a block"))?);
+        if len > f::SYMLINK_MAX {
+            return Err(Error::corrupt("symlink target too long"));
+        }
+        m.read_payload_block(b, len)
+    }
+
+    pub fn link(&self, ino: u64, parent: u64, name: &[u8]) -> Result<Metadata> {
+        self.inner.check_writable()?;
+        check_name(name)?;
+        let mut m = self.meta();
+        let node = m.inode(ino)?;
+        if node.is_dir() {
+            return Err(Error::not_permitted("hard link to a directory"));
+        }
+        if node.d.nlink >= LINK_MAX {
+            return Err(Error::too_many_links(""));
+        }
+        if node.d.nlink == 0 {
+            return Err(Error::not_found("file was removed"));
+        }
+        let mode = node.d.mode;
+        let p = m.inode(parent)?;
+        if !p.is_dir() {
+            return Err(Error::not_dir(""));
+        }
+        if p.d.nlink == 0 {
+            return Err(Error::not_found("directory was removed"));
+        }
+        if is_dot(name) || m.lookup(parent, name)?.is_some() {
+            return Err(Error::exists(""));
+        }
+        let grow = m.dir(parent)?.free.is_empty();
+        self.inner.need_space(&mut m, grow as u64, false)?;
+        self.inner.mutate(&mut m, |m| {
+            m.dir_add(parent, name, ino, ftype_of(mode))?;
+            let t = now();
+            let node = m.inode(ino)?;
+            node.d.nlink += 1;
+            node.d.ctime = t;
+            m.mark_inode_dirty(ino);
+            let p = m.inode(parent)?;
+            p.d.mtime = t;
+            p.d.ctime = t;
+            m.mark_inode_dirty(parent);
+            Ok(())
+        })?;
+        let md = attr(ino, m.inode(ino)?);
+        drop(m);
+        self.inner.maybe_commit()?;
+        Ok(md)
+    }
+
+    /// Drop one link of `ino`; free it once no name and no handle is left.
+    fn drop_link(m: &mut Meta, ino: u64, is_dir: bool) -> Result<()> {
+        let node = m.inode(ino)?;
+        node.d.nlink = if is_dir { 0 } else { node.d.nlink - 1 };
+        node.d.ctime = now();
+        let gone = node.d.nlink == 0;
+        m.mark_inode_dirty(ino);
+        if gone && m.open.get(&ino).copied().unwrap_or(0) == 0 {
+            m.to_free.insert(ino);
+        }
+        Ok(())
+    }
+
+    pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
+        self.remove(parent, name, false)
+    }
+
+    pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
+        self.remove(parent, name, true)
+    }
+
+    fn remove(&self, parent: u64, name: &[u8], dir: bool) -> Result<()> {
+        self.inner.check_writable()?;
+        match name {
+            b"." if dir => return Err(Error::invalid("cannot remove '.'")),
+            b".." if dir => return Err(Error::not_empty("cannot remove '..'")),
+            _ => check_name(name)?,
+        }
+        let mut m = self.meta();
+        if !m.inode(parent)?.is_dir() {
+            return Err(Error::not_dir(""));
+        }
+        let (ino, _) = m.lookup(parent, name)?.ok_or_else(|| Error::not_found(""))?;
+        let is_dir = m.inode(ino)?.is_dir();
+        match (dir, is_dir) {
+            (false, true) => return Err(Error::is_dir("")),
+            (true, false) => return Err(Error::not_dir("")),
+            (true, true) if !m.dir_is_empty(ino)? => return Err(Error::not_empty("")),
+            _ => {}
+        }
+        self.inner.mutate(&mut m, |m| {
+            m.dir_remove(parent, name)?;
+            let t = now();
+            let p = m.inode(parent)?;
+            p.d.mtime = t;
+            p.d.ctime = t;
+            if is_dir {
+                p.d.nlink -= 1;
+            }
+            m.mark_inode_dirty(parent);
+            Self::drop_link(m, ino, is_dir)
+        })?;
+        drop(m);
+        self.inner.maybe_commit()
+    }
+
+    /// rename(2). `noreplace` is RENAME_NOREPLACE.
+    pub fn rename(&self, sp: u64, sname: &[u8], dp: u64, dname: &[u8], noreplace: bool) -> Result<()> {
+        self.inner.check_writable()?;
+        if is_dot(sname) || is_dot(dname) {
+            return Err(Error::new(crate::ErrorKind::Busy, "cannot rename '.' or '..'"));
+        }
+        check_name(sname)?;
+        check_name(dname)?;
+        let mut m = self.meta();
+        if !m.inode(sp)?.is_dir() || !m.inode(dp)?.is_dir() {
+            return Err(Error::not_dir(""));
+        }
+        if m.inode(dp)?.d.nlink == 0 {
+            return Err(Error::not_found("target directory was removed"));
+        }
+        let (src, _) = m.lookup(sp, sname)?.ok_or_else(|| Error::not_found(""))?;
+        let src_mode = m.inode(src)?.d.mode;
+        let src_dir = src_mode & f::S_IFMT == f::S_IFDIR;
+        let dst = m.lookup(dp, dname)?.map(|(i, _)| i);
+        if dst == Some(src) {
+            return if noreplace { Err(Error::exists("")) } else { Ok(()) };
+        }
+        if src_dir {
+            // The target directory must not be the source or inside it.
+            let mut at = dp;
+            loop {
+                if at == src {
+                    return Err(Error::invalid("cannot move a directory into itself"));
+                }
+                if at == f::ROOT_INO {
+                    break;
+                }
+                at = m.inode(at)?.d.parent;
+            }
+            if sp != dp && m.inode(dp)?.d.nlink >= LINK_MAX && dst.is_none() {
+                return Err(Error::too_many_links(""));
+            }
+        }
+        if let Some(d) = dst {
+            if noreplace {
+                return Err(Error::exists(""));
+            }
+            let d_dir = m.inode(d)?.is_dir();
+            match (src_dir, d_dir) {
+                (true, false) => return Err(Error::not_dir("")),
+                (false, true) => return Err(Error::is_dir("")),
+                (true, true) if !m.dir_is_empty(d)? => return Err(Error::not_empty("")),
+                _ => {}
+            }
+        } else {
+            let grow = m.dir(dp)?.free.is_empty();
+            self.inner.need_space(&mut m, grow as u64, false)?;
+        }
+        self.inner.mutate(&mut m, |m| {
+            let t = now();
+            match dst {
+                Some(d) => {
+                    m.dir_replace(dp, dname, src, ftype_of(src_mode))?;
+                    let d_dir = m.inode(d)?.is_dir();
+                    if d_dir {
+                        m.inode(dp)?.d.nlink -= 1;
+                    }
+                    Self::drop_link(m, d, d_dir)?;
+                }
+                None => m.dir_add(dp, dname, src, ftype_of(src_mode))?,
+            }
+            m.dir_remove(sp, sname)?;
+            if src_dir && sp != dp {
+                m.inode(sp)?.d.nlink -= 1;
+                m.inode(dp)?.d.nlink += 1;
+                m.inode(src)?.d.parent = dp;
+            }
+            for ino in [sp, dp] {
+                let n = m.inode(ino)?;
+                n.d.mtime = t;
+                n.d.ctime = t;
+                m.mark_inode_dirty(ino);
+            }
+            m.inode(src)?.d.ctime = t;
+            m.mark_inode_dirty(src);
+            Ok(())
+        })?;
+        drop(m);
+        self.inner.maybe_commit()
+    }
+
+    /// Directory entries from `offset` on ("." is 0, ".." is 1). Each entry carries
+    /// the offset of the next one, stable while entries come and go.
+    pub fn readdir(&self, ino: u64, offset: u64, max: usize) -> Result<Vec<DirEntry>> {
+        let mut m = self.meta();
+        let node = m.inode(ino)?;
+        if !node.is_dir() {
+            return Err(Error::not_dir(""));
+        }
+        let parent = node.d.parent;
+        let mut out = Vec::new();
+        if offset == 0 {
+            out.push(DirEntry { ino, kind: FileType::Directory, name: b".".to_vec(), next: 1 });
+        }
+        if offset <= 1 && out.len() < max {
+            out.push(DirEntry { ino: parent, kind: FileType::Directory, name: b"..".to_vec(), next: 2 });
+        }
+        let per = f::DIRENTS_PER_BLOCK as u64;
+        let slots = m.dir(ino)?.slots;
+        let mut slot = offset.saturating_sub(2);
+        while slot < slots && out.len() < max {
+            let entries = m.dir_block_entries(ino, slot / per)?;
+            for (i, e) in entries.into_iter().enumerate().skip((slot % per) as usize) {
+                if out.len() >= max {
+                    break;
+                }
+                slot = (slot / per) * per + i as u64 + 1;
+                if let Some(e) = e {
+                    out.push(DirEntry { ino: e.ino, kind: FileType::from_dirent(e.ftype), name: e.name, next: 2 + slot });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn statfs(&self) -> StatFs {
+        let m = self.meta();
+        StatFs {
+            block_size: BLOCK_SIZE as u32,
+            blocks: m.sb.data_blocks(),
+            blocks_free: m.alloc.free_blocks() + m.alloc.pending_blocks(),
+            blocks_available: m.available().saturating_sub(FsInner::meta_reserve(&m)),
+            inodes: m.sb.inode_count,
+            inodes_free: m.ifree,
+            name_max: f::NAME_MAX as u32,
+        }
+    }
+
+    pub fn setattr(&self, ino: u64, set: &SetAttr) -> Result<Metadata> {
+        self.inner.check_writable()?;
+        if let Some(size) = set.size {
+            self.truncate(ino, size)?;
+        }
+        let mut m = self.meta();
+        let node = m.inode(ino)?;
+        let t = now();
+        if let Some(mode) = set.mode {
+            node.d.mode = (node.d.mode & f::S_IFMT) | (mode & 0o7777);
+        }
+        if let Some(uid) = set.uid {
+            node.d.uid = uid;
+        }
+        if let Some(gid) = set.gid {
+            node.d.gid = gid;
+        }
+        let pick = |s: TimeSet| match s {
+            TimeSet::Now => t,
+            TimeSet::At(x) => x,
+        };
+        if let Some(a) = set.atime {
+            node.d.atime = pick(a);
+        }
+        if let Some(mt) = set.mtime {
+            node.d.mtime = pick(mt);
+        }
+        if set.mode.is_some() || set.uid.is_some() || set.gid.is_some() || set.atime.is_some() || set.mtime.is_some() {
+            node.d.ctime = set.ctime.unwrap_or(t);
+        }
+        let md = attr(ino, node);
+        m.mark_inode_dirty(ino);
+        Ok(md)
+    }
+
+    // ------------------------------------------------------------ file data
+
+    /// Note an open handle (an unlinked inode lives until the last one is released).
+    pub fn open_ino(&self, ino: u64) -> Result<Metadata> {
+        let mut m = self.meta();
+        let md = attr(ino, m.inode(ino)?);
+        *m.open.entry(ino).or_insert(0) += 1;
+        Ok(md)
+    }
+
+    pub fn release_ino(&self, ino: u64) {
+        let mut m = self.meta();
+        let Some(n) = m.open.get_mut(&ino) else { return };
+        *n -= 1;
+        if *n == 0 {
+            m.open.remove(&ino);
+            if m.inode(ino).is_ok_and(|node| node.d.nlink == 0) {
+                m.to_free.insert(ino);
+            }
+        }
+    }
+
+    /// Read up to `buf.len()` bytes at `offset`; returns the count (0 at EOF).
+    pub fn read(&self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let _g = self.inner.locks.read(ino);
+        let size = {
+            let mut m = self.meta();
+            let node = m.inode(ino)?;
+            if node.is_dir() {
+                return Err(Error::is_dir(""));
+            }
+            node.d.size
+        };
+        if offset >= size || buf.is_empty() {
+            return Ok(0);
+        }
+        let len = (buf.len() as u64).min(size - offset) as usize;
+        let (first, last) = (offset / BLOCK, (offset + len as u64 - 1) / BLOCK);
+        let mut pages = Vec::with_capacity((last - first + 1) as usize);
+        let mut missing = Vec::new();
+        for idx in first..=last {
+            let (p, new) = self.inner.cache.get_or_insert((ino, idx));
+            if new {
+                missing.push(p.clone());
+            }
+            pages.push(p);
+        }
+        self.inner.fetch(ino, missing)?;
+        let mut done = 0;
+        for p in pages {
+            let g = p.wait();
+            if g.failed {
+                return Err(Error::io("read of a page failed"));
+            }
+            let pos = offset + done as u64;
+            let in_page = (pos % BLOCK) as usize;
+            let n = (BLOCK_SIZE - in_page).min(len - done);
+            buf[done..done + n].copy_from_slice(&g.data()[in_page..in_page + n]);
+            done += n;
+        }
+        Ok(done)
+    }
+
+    /// Write `data` at `offset` (or at the end of file when `append`); returns the
+    /// offset written at.
+    pub fn write(&self, ino: u64, offset: u64, data: &[u8], append: bool) -> Result<u64> {
+        self.inner.check_writable()?;
+        let _g = self.inner.locks.write(ino);
+        let mut m = self.meta();
+        let node = m.inode(ino)?;
+        if node.is_dir() {
+            return Err(Error::is_dir(""));
+        }
+        let size = node.d.size;
+        let offset = if append { size } else { offset };
+        if data.is_empty() {
+            return Ok(offset);
+        }
+        let end = offset.checked_add(data.len() as u64).filter(|e| *e <= f::MAX_FILE_SIZE);
+        let end = end.ok_or_else(|| Error::file_too_big(""))?;
+        let (first, last) = (offset / BLOCK, (end - 1) / BLOCK);
+        // Reserve space for pages that have no block yet (delayed allocation).
+        let need: Vec<u64> = (first..=last).filter(|i| node.map(*i).is_none() && !node.reserved.contains(i)).collect();
+        if !need.is_empty() {
+            let n = need.len() as u64;
+            if m.available() < n + FsInner::meta_reserve(&m) && (m.alloc.pending_blocks() > 0 || !m.to_free.is_empty()) {
+                drop(m);
+                self.inner.commit()?;
+                m = self.meta();
+            }
+            if m.available() < n + FsInner::meta_reserve(&m) {
+                return Err(Error::no_space("no free blocks"));
+            }
+            let node = m.inode(ino)?;
+            node.reserved.extend(need);
+            m.reserved += n;
+        }
+        drop(m);
+        let mut copied = 0usize;
+        for idx in first..=last {
+            let pstart = idx * BLOCK;
+            let from = offset.max(pstart);
+            let to = end.min(pstart + BLOCK);
+            let (p, new) = self.inner.cache.get_or_insert((ino, idx));
+            if new {
+                // A whole-page write or a page at or past EOF needs no read; any other
+                // partial write fetches the page first (FetchPolicy::Blocking).
+                let whole = from == pstart && to == pstart + BLOCK;
+                if whole || pstart >= size {
+                    let g = p.lock();
+                    p.complete(g, self.inner.dev.alloc(BLOCK_SIZE));
+                } else {
+                    self.inner.stats.fetches_for_partial_write.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.inner.fetch(ino, vec![p.clone()])?;
+                }
+            }
+            let mut g = p.wait();
+            if g.failed {
+                return Err(Error::io("fetch of a page for a partial write failed"));
+            }
+            let n = (to - from) as usize;
+            let at = (from - pstart) as usize;
+            g.data_mut()[at..at + n].copy_from_slice(&data[copied..copied + n]);
+            g.state = PageState::Dirty;
+            drop(g);
+            self.inner.cache.mark_dirty((ino, idx));
+            copied += n;
+        }
+        {
+            let mut m = self.meta();
+            let node = m.inode(ino)?;
+            node.d.size = node.d.size.max(end);
+            let t = now();
+            node.d.mtime = t;
+            node.d.ctime = t;
+            m.mark_inode_dirty(ino);
+        }
+        drop(_g);
+        self.inner.maybe_commit()?;
+        Ok(offset)
+    }
+
+    /// Set the size: drop or zero what lies past it, or extend with a hole.
+    pub fn truncate(&self, ino: u64, size: u64) -> Result<()> {
+        self.inner.check_writable()?;
+        if size > f::MAX_FILE_SIZE {
+            return Err(Error::file_too_big(""));
+        }
+        let _g = self.inner.locks.write(ino);
+        let old = {
+            let mut m = self.meta();
+            let node = m.inode(ino)?;
+            if node.is_dir() {
+                return Err(Error::is_dir(""));
+            }
+            if node.kind() != f::S_IFREG {
+                return Err(Error::invalid("truncate of a special file"));
+            }
+            node.d.size
+        };
+        if size < old {
+            let keep = size.div_ceil(BLOCK);
+            self.inner.cache.drop_from(ino, keep);
+            // Bytes past EOF in the last block stay zero on disk and in cache.
+            if size % BLOCK != 0 {
+                let idx = size / BLOCK;
+                let (p, new) = self.inner.cache.get_or_insert((ino, idx));
+                if new {
+                    self.inner.fetch(ino, vec![p.clone()])?;
+                }
+                let mut g = p.wait();
+                if g.failed {
+                    return Err(Error::io("fetch of the last page failed"));
+                }
+                g.data_mut()[(size % BLOCK) as usize..].fill(0);
+                g.state = PageState::Dirty;
+                drop(g);
+                self.inner.cache.mark_dirty((ino, idx));
+            }
+            let mut m = self.meta();
+            self.inner.mutate(&mut m, |m| {
+                let node = m.inode(ino)?;
+                let freed = node.unmap_from(keep);
+                let dropped: Vec<u64> = node.reserved.range(keep..).copied().collect();
+                for i in &dropped {
+                    node.reserved.remove(i);
+                }
+                m.reserved -= dropped.len() as u64;
+                for (b, n) in freed {
+                    m.free_blocks(b, n, false)?;
+                }
+                Ok(())
+            })?;
+        }
+        let mut m = self.meta();
+        let node = m.inode(ino)?;
+        node.d.size = size;
+        let t = now();
+        node.d.mtime = t;
+        node.d.ctime = t;
+        m.mark_inode_dirty(ino);
+        drop(m);
+        drop(_g);
+        self.inner.maybe_commit()
+    }
+
+    /// fsync/fdatasync: every write before it is durable when it returns.
+    pub fn fsync(&self, _ino: u64, _datasync: bool) -> Result<()> {
+        self.inner.commit()
+    }
+}

@@ -1,0 +1,346 @@
+//! journal: physical redo journal for metadata, ordered mode for data.
+//!
+//! Interface: the file-system layer collects the images of the metadata blocks a
+//! transaction changed, and the home blocks it freed (revokes); after the data those
+//! blocks refer to is on the device, it calls [`Journal::commit`]. `commit` writes the
+//! descriptor and image blocks, flushes, writes the checksummed commit block, flushes
+//! again; only then is the transaction durable. Committed images are kept until a
+//! [`Journal::checkpoint`] writes them home and advances the journal header.
+//! [`scan`] and [`plan`] read a journal back after a crash; replay is idempotent
+//! because it only ever writes whole committed images, newest last, skipping blocks a
+//! later (or the same) transaction revoked.
+//!
+//! The log restarts at its first block after every checkpoint (a circular log that
+//! is always emptied before it wraps); see docs/FORMAT.md for the crash cases.
+
+use crate::device::{AlignedBuf, Device, Op, OpKind};
+use crate::error::{Error, Result};
+use crate::format::{JournalCommit, JournalDesc, JournalHeader, Superblock, BLOCK, BLOCK_SIZE, JDESC_ENTRIES};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+pub struct Journal {
+    header_block: u64,
+    /// First block of the log and its length in blocks.
+    log_start: u64,
+    log_len: u64,
+    /// Next free log position (relative to log_start).
+    pos: u64,
+    /// Sequence number of the next transaction.
+    next_seq: u64,
+    /// Committed images not yet written home.
+    pending: BTreeMap<u64, Arc<AlignedBuf>>,
+    pub stats: JournalStats,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct JournalStats {
+    pub commits: u64,
+    pub checkpoints: u64,
+    pub blocks_logged: u64,
+}
+
+/// One transaction ready to commit.
+pub struct Transaction {
+    pub images: Vec<(u64, AlignedBuf)>,
+    pub revokes: Vec<u64>,
+    /// Extra records carried in the commit block (empty until hitchhiking lands).
+    pub extra: Vec<u8>,
+}
+
+impl Transaction {
+    pub fn is_empty(&self) -> bool {
+        self.images.is_empty() && self.revokes.is_empty() && self.extra.is_empty()
+    }
+    fn desc_blocks(&self) -> u64 {
+        ((self.images.len() + self.revokes.len()).div_ceil(JDESC_ENTRIES)).max(1) as u64
+    }
+    /// Log blocks this transaction needs.
+    pub fn log_blocks(&self) -> u64 {
+        self.desc_blocks() + self.images.len() as u64 + 1
+    }
+}
+
+fn check(done: Vec<crate::device::Done>) -> Result<()> {
+    for d in done {
+        d.result?;
+    }
+    Ok(())
+}
+
+impl Journal {
+    /// A journal whose log is empty and whose next transaction has sequence `next_seq`.
+    pub fn new(sb: &Superblock, next_seq: u64) -> Journal {
+        Journal {
+            header_block: sb.journal_start,
+            log_start: sb.journal_start + 1,
+            log_len: sb.journal_blocks - 1,
+            pos: 0,
+            next_seq,
+            pending: BTreeMap::new(),
+            stats: JournalStats::default(),
+        }
+    }
+
+    /// The largest transaction (in images) that is always accepted.
+    pub fn max_images(&self) -> usize {
+        // Leave room for descriptors and the commit block.
+        (self.log_len as usize / 4).max(4)
+    }
+
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// The committed image of `block` that is not yet home, if any.
+    pub fn pending_image(&self, block: u64) -> Option<&Arc<AlignedBuf>> {
+        self.pending.get(&block)
+    }
+
+    pub fn pending_blocks(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Make the transaction durable. On error nothing is known about the medium; the
+    /// caller must poison the file system.
+    pub fn commit(&mut self, dev: &dyn Device, tx: Transaction) -> Result<()> {
+        if tx.is_empty() {
+            return Ok(());
+        }
+        let need = tx.log_blocks();
+        if need > self.log_len {
+            return Err(Error::no_space("transaction larger than the journal"));
+        }
+        if self.pos + need > self.log_len {
+            self.checkpoint(dev)?;
+        }
+        let seq = self.next_seq;
+        // Descriptors: tags first, then revokes, JDESC_ENTRIES per block.
+        let mut entries: Vec<(bool, u64)> = tx.images.iter().map(|(b, _)| (true, *b)).collect();
+        entries.extend(tx.revokes.iter().map(|b| (false, *b)));
+        let mut body: Vec<AlignedBuf> = Vec::new();
+        let chunks: Vec<&[(bool, u64)]> =
+            if entries.is_empty() { vec![&[][..]] } else { entries.chunks(JDESC_ENTRIES).collect() };
+        for chunk in chunks {
+            let desc = JournalDesc {
+                seq,
+                tags: chunk.iter().filter(|e| e.0).map(|e| e.1).collect(),
+                revokes: chunk.iter().filter(|e| !e.0).map(|e| e.1).collect(),
+            };
+            let mut b = dev.alloc(BLOCK_SIZE);
+            desc.encode(&mut b);
+            body.push(b);
+        }
+        let n_desc = body.len() as u32;
+        let mut images = Vec::with_capacity(tx.images.len());
+        for (home, img) in tx.images {
+            let mut b = dev.alloc(BLOCK_SIZE);
+            b.copy_from_slice(&img);
+            body.push(b);
+            images.push((home, Arc::new(img)));
+        }
+        let mut crc = 0u32;
+        for b in &body {
+            crc = crc32c::crc32c_append(crc, b);
+        }
+        let commit = JournalCommit { seq, n_desc, n_images: images.len() as u32, body_crc: crc, extra: tx.extra };
+        let at = (self.log_start + self.pos) * BLOCK;
+        let n_body = body.len() as u64;
+        // Descriptor and images, in batches the device can take as single requests.
+        let mut ops = Vec::new();
+        let mut off = at;
+        let mut body = body.into_iter().peekable();
+        while body.peek().is_some() {
+            let bufs: Vec<AlignedBuf> = body.by_ref().take(256).collect();
+            let len = bufs.len() as u64 * BLOCK;
+            ops.push(Op { kind: OpKind::Write, offset: off, bufs });
+            off += len;
+        }
+        check(dev.submit(ops))?;
+        dev.flush()?;
+        let mut c = dev.alloc(BLOCK_SIZE);
+        commit.encode(&mut c);
+        let (_, r) = dev.write(at + n_body * BLOCK, c);
+        r?;
+        dev.flush()?;
+        self.pos += n_body + 1;
+        self.next_seq += 1;
+        self.stats.commits += 1;
+        self.stats.blocks_logged += n_body + 1;
+        // A revoked block has no committed image to write home any more; a block is
+        // never revoked and logged in one transaction (logging cancels the revoke).
+        for r in &tx.revokes {
+            self.pending.remove(r);
+        }
+        for (home, img) in images {
+            self.pending.insert(home, img);
+        }
+        Ok(())
+    }
+
+    /// Write every committed image home, then empty the log.
+    pub fn checkpoint(&mut self, dev: &dyn Device) -> Result<()> {
+        if self.pos == 0 {
+            return Ok(());
+        }
+        let ops: Vec<Op> = self
+            .pending
+            .iter()
+            .map(|(home, img)| {
+                let mut b = dev.alloc(BLOCK_SIZE);
+                b.copy_from_slice(img);
+                Op::write(home * BLOCK, b)
+            })
+            .collect();
+        check(dev.submit(ops))?;
+        dev.flush()?;
+        write_header(dev, self.header_block, self.next_seq)?;
+        self.pending.clear();
+        self.pos = 0;
+        self.stats.checkpoints += 1;
+        Ok(())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pos == 0
+    }
+}
+
+pub fn write_header(dev: &dyn Device, header_block: u64, start_seq: u64) -> Result<()> {
+    let mut b = dev.alloc(BLOCK_SIZE);
+    JournalHeader { start_seq }.encode(&mut b);
+    let (_, r) = dev.write(header_block * BLOCK, b);
+    r?;
+    dev.flush()?;
+    Ok(())
+}
+
+/// A committed transaction read back from the log.
+#[derive(Debug)]
+pub struct ScannedTx {
+    pub seq: u64,
+    pub tags: Vec<u64>,
+    pub revokes: Vec<u64>,
+    pub images: Vec<Vec<u8>>,
+}
+
+/// What a mount finds in the journal.
+#[derive(Debug)]
+pub struct Scan {
+    pub start_seq: u64,
+    pub transactions: Vec<ScannedTx>,
+}
+
+impl Scan {
+    pub fn next_seq(&self) -> u64 {
+        self.start_seq + self.transactions.len() as u64
+    }
+}
+
+fn read_block(dev: &dyn Device, block: u64) -> Result<AlignedBuf> {
+    let (b, r) = dev.read(block * BLOCK, dev.alloc(BLOCK_SIZE));
+    r?;
+    Ok(b)
+}
+
+/// Read the header and every complete, checksummed transaction after it. Reading
+/// stops at the first block that is not the next expected piece: a torn or missing
+/// transaction is not part of the file system.
+pub fn scan(dev: &dyn Device, sb: &Superblock) -> Result<Scan> {
+    let header = JournalHeader::decode(&read_block(dev, sb.journal_start)?)?;
+    let log_start = sb.journal_start + 1;
+    let log_len = sb.journal_blocks - 1;
+    let mut out = Scan { start_seq: header.start_seq, transactions: Vec::new() };
+    let mut pos = 0u64;
+    let mut seq = header.start_seq;
+    'tx: while pos < log_len {
+        let mut body_crc = 0u32;
+        let mut tags = Vec::new();
+        let mut revokes = Vec::new();
+        let mut n_desc = 0u32;
+        // Descriptors until the first non-descriptor block.
+        loop {
+            if pos + n_desc as u64 >= log_len {
+                break 'tx;
+            }
+            let b = read_block(dev, log_start + pos + n_desc as u64)?;
+            match JournalDesc::decode(&b) {
+                Ok(d) if d.seq == seq => {
+                    body_crc = crc32c::crc32c_append(body_crc, &b);
+                    tags.extend(d.tags);
+                    revokes.extend(d.revokes);
+                    n_desc += 1;
+                }
+                _ if n_desc > 0 => break,
+                _ => break 'tx,
+            }
+        }
+        let images_at = pos + n_desc as u64;
+        if images_at + tags.len() as u64 >= log_len {
+            break;
+        }
+        let mut images = Vec::with_capacity(tags.len());
+        for i in 0..tags.len() as u64 {
+            let b = read_block(dev, log_start + images_at + i)?;
+            body_crc = crc32c::crc32c_append(body_crc, &b);
+            images.push(b.to_vec());
+        }
+        let commit_at = images_at + tags.len() as u64;
+        let c = match JournalCommit::decode(&read_block(dev, log_start + commit_at)?) {
+            Ok(c) => c,
+            Err(_) => break,
+        };
+        if c.seq != seq || c.n_desc != n_desc || c.n_images as usize != tags.len() || c.body_crc != body_crc {
+            break;
+        }
+        let valid = |b: &u64| *b > sb.journal_start + sb.journal_blocks - 1 && *b < sb.data_end;
+        if !tags.iter().all(valid) || !revokes.iter().all(valid) {
+            return Err(Error::corrupt(format!("journal transaction {seq} names blocks outside the metadata and data areas")));
+        }
+        out.transactions.push(ScannedTx { seq, tags, revokes, images });
+        pos = commit_at + 1;
+        seq += 1;
+    }
+    Ok(out)
+}
+
+/// The final image of every block the scanned transactions write, after revokes.
+pub fn plan(scan: &Scan) -> BTreeMap<u64, Vec<u8>> {
+    let mut revoked: HashMap<u64, u64> = HashMap::new();
+    for tx in &scan.transactions {
+        for r in &tx.revokes {
+            revoked.insert(*r, tx.seq);
+        }
+    }
+    let mut out = BTreeMap::new();
+    for tx in &scan.transactions {
+        for (home, img) in tx.tags.iter().zip(&tx.images) {
+            if revoked.get(home).is_some_and(|r| *r >= tx.seq) {
+                continue;
+            }
+            out.insert(*home, img.clone());
+        }
+    }
+    out
+}
+
+/// Replay a scan onto the device and empty the log. Idempotent: a crash during replay
+/// leaves the header untouched, and the next mount replays the same images again.
+pub fn replay(dev: &dyn Device, sb: &Superblock, scan: &Scan) -> Result<usize> {
+    let images = plan(scan);
+    let n = images.len();
+    if !scan.transactions.is_empty() {
+        let ops: Vec<Op> = images
+            .into_iter()
+            .map(|(home, img)| {
+                let mut b = dev.alloc(BLOCK_SIZE);
+                b.copy_from_slice(&img);
+                Op::write(home * BLOCK, b)
+            })
+            .collect();
+        check(dev.submit(ops))?;
+        dev.flush()?;
+        write_header(dev, sb.journal_start, scan.next_seq())?;
+    }
+    Ok(n)
+}
