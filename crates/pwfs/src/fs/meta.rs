@@ -58,19 +58,35 @@ impl Inode {
 
     /// Remove every mapping at or past `from`; returns the freed device runs.
     pub fn unmap_from(&mut self, from: u64) -> Vec<(u64, u64)> {
+        self.unmap_range(from, u32::MAX as u64 + 1)
+    }
+
+    /// Remove the mappings of file blocks `from..to`; returns the freed device runs.
+    pub fn unmap_range(&mut self, from: u64, to: u64) -> Vec<(u64, u64)> {
         let mut freed = Vec::new();
-        if let Some((start, (len, phys))) = self.extents.range_mut(..from as u32).next_back() {
-            let end = *start as u64 + *len as u64;
-            if end > from {
-                let keep = from - *start as u64;
-                freed.push((*phys + keep, end - from));
-                *len = keep as u32;
+        let mut split = Vec::new();
+        let keys: Vec<u32> = match u32::try_from(to) {
+            Ok(to) => self.extents.range(..to).map(|(k, _)| *k).collect(),
+            Err(_) => self.extents.keys().copied().collect(),
+        };
+        for k in keys.into_iter().rev() {
+            let (len, phys) = self.extents[&k];
+            let (start, end) = (k as u64, k as u64 + len as u64);
+            if end <= from {
+                break;
+            }
+            self.extents.remove(&k);
+            let (cut_from, cut_to) = (start.max(from), end.min(to));
+            freed.push((phys + (cut_from - start), cut_to - cut_from));
+            if start < cut_from {
+                split.push((start, phys, cut_from - start));
+            }
+            if cut_to < end {
+                split.push((cut_to, phys + (cut_to - start), end - cut_to));
             }
         }
-        let tail: Vec<u32> = self.extents.range(from as u32..).map(|(k, _)| *k).collect();
-        for k in tail {
-            let (len, phys) = self.extents.remove(&k).expect("present");
-            freed.push((phys, len as u64));
+        for (l, p, n) in split {
+            self.extents.insert(l as u32, (n as u32, p));
         }
         freed
     }
@@ -618,5 +634,45 @@ impl Meta {
 
     pub fn read_payload_block(&mut self, b: u64, len: usize) -> Result<Vec<u8>> {
         Ok(self.block(b)?[..len].to_vec())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(extents: &[(u32, u32, u64)]) -> Inode {
+        let mut n = Inode { d: DiskInode::default(), extents: BTreeMap::new(), chain: Vec::new(), reserved: BTreeSet::new() };
+        for (l, len, p) in extents {
+            n.extents.insert(*l, (*len, *p));
+        }
+        n
+    }
+
+    #[test]
+    fn unmap_range_splits_extents() {
+        let mut n = node(&[(0, 10, 100), (10, 5, 200), (20, 4, 300)]);
+        let mut freed = n.unmap_range(3, 12);
+        freed.sort();
+        assert_eq!(freed, vec![(103, 7), (200, 2)]);
+        assert_eq!(n.map(2), Some(102));
+        assert_eq!(n.map(3), None);
+        assert_eq!(n.map(11), None);
+        assert_eq!(n.map(12), Some(202));
+        assert_eq!(n.map(21), Some(301));
+        let freed = n.unmap_from(21);
+        assert_eq!(freed, vec![(301, 3)]);
+        assert_eq!(n.data_blocks(), 3 + 3 + 1);
+    }
+
+    #[test]
+    fn add_mapping_merges_contiguous_runs() {
+        let mut n = node(&[]);
+        n.add_mapping(0, 50, 2);
+        n.add_mapping(2, 52, 3);
+        n.add_mapping(5, 90, 1);
+        assert_eq!(n.extents.len(), 2);
+        assert_eq!(n.map(4), Some(54));
+        assert_eq!(n.map(5), Some(90));
     }
 }

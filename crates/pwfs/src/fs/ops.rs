@@ -656,9 +656,20 @@ impl Fs {
                 self.inner.cache.mark_dirty((ino, idx));
             }
             let mut m = self.meta();
+            // The zeroed tail page must not overwrite its block in place: until this
+            // truncate commits, a crash would show the old size with zeros in it. It
+            // moves to a new block instead (the old one is freed with the truncate),
+            // unless the device is too full for that.
+            let tail = size % BLOCK != 0 && m.available() > FsInner::meta_reserve(&m);
             self.inner.mutate(&mut m, |m| {
                 let node = m.inode(ino)?;
-                let freed = node.unmap_from(keep);
+                let mut freed = node.unmap_from(keep);
+                if tail && node.map(keep - 1).is_some() {
+                    freed.extend(node.unmap_range(keep - 1, keep));
+                    node.reserved.insert(keep - 1);
+                    m.reserved += 1;
+                }
+                let node = m.inode(ino)?;
                 let dropped: Vec<u64> = node.reserved.range(keep..).copied().collect();
                 for i in &dropped {
                     node.reserved.remove(i);

@@ -1,0 +1,312 @@
+//! Crash consistency: run a seeded workload on the simulated device, then for every
+//! point of its write/flush log build the image a crash there could leave (flushed
+//! writes, plus a random subset of unflushed sectors, torn within blocks), and check:
+//! fsck is clean before and after recovery, recovery is idempotent (a crash during
+//! replay changes nothing), and the recovered tree equals the state of the last
+//! completed sync or of the one in flight — every fsync'd byte and name is there.
+
+mod common;
+use common::*;
+use pwfs::device::mem::MemDevice;
+use pwfs::device::sim::{crash_image, SimConfig, SimDevice};
+use pwfs::{Fs, MkfsOptions};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Model {
+    dirs: BTreeSet<String>,
+    /// path → file id
+    names: BTreeMap<String, u64>,
+    /// file id → content
+    data: BTreeMap<u64, Vec<u8>>,
+}
+
+fn pick<'a>(rng: &mut SmallRng, v: &'a [String]) -> Option<&'a String> {
+    (!v.is_empty()).then(|| &v[rng.gen_range(0..v.len())])
+}
+
+/// Run the workload; returns the model after each completed sync, with the log
+/// length at that moment.
+fn workload(fs: &Fs, dev: &SimDevice, seed: u64, steps: usize) -> Vec<(usize, Model)> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut m = Model::default();
+    m.dirs.insert(String::new());
+    let mut syncs = vec![(dev.log_len(), m.clone())];
+    let mut next_id = 0;
+    for step in 0..steps {
+        // Commits also happen inside operations (a full journal, too much dirty
+        // data); each leaves the state after its operation durable.
+        let commits = fs.journal_stats().commits;
+        let dirs: Vec<String> = m.dirs.iter().cloned().collect();
+        let files: Vec<String> = m.names.keys().cloned().collect();
+        match rng.gen_range(0..100) {
+            0..=24 => {
+                let dir = pick(&mut rng, &dirs).unwrap().clone();
+                let path = format!("{dir}/f{step}");
+                let len = [0, 100, 4096, 5000, 20_000, 70_000][rng.gen_range(0..6)];
+                let byte = rng.gen::<u8>();
+                let content = vec![byte; len];
+                // Two operations, each of which may commit at its end.
+                let f = fs.create(&path).unwrap();
+                next_id += 1;
+                m.names.insert(path, next_id);
+                m.data.insert(next_id, Vec::new());
+                if fs.journal_stats().commits != commits {
+                    syncs.push((dev.log_len(), m.clone()));
+                }
+                f.write_at(&content, 0).unwrap();
+                m.data.insert(next_id, content);
+            }
+            25..=44 => {
+                let Some(path) = pick(&mut rng, &files).cloned() else { continue };
+                let id = m.names[&path];
+                let content = m.data.get_mut(&id).unwrap();
+                let off = rng.gen_range(0..=content.len() + 5000) as u64;
+                let len = rng.gen_range(1..9000);
+                let byte = rng.gen::<u8>();
+                if std::env::var("PWFS_TRACE").is_ok() {
+                    eprintln!("overwrite {path} at {off} len {len} (size {})", content.len());
+                }
+                let f = pwfs::OpenOptions::new().write(true).open(fs, &path).unwrap();
+                f.write_at(&vec![byte; len], off).unwrap();
+                let end = off as usize + len;
+                if content.len() < end {
+                    content.resize(end, 0);
+                }
+                content[off as usize..end].fill(byte);
+            }
+            45..=54 => {
+                let Some(path) = pick(&mut rng, &files).cloned() else { continue };
+                let id = m.names[&path];
+                let content = m.data.get_mut(&id).unwrap();
+                let size = rng.gen_range(0..=content.len() + 3000);
+                if std::env::var("PWFS_TRACE").is_ok() {
+                    eprintln!("truncate {path} to {size} (size {})", content.len());
+                }
+                fs.set_len(&path, size as u64).unwrap();
+                content.resize(size, 0);
+            }
+            55..=64 => {
+                let Some(path) = pick(&mut rng, &files).cloned() else { continue };
+                fs.remove_file(&path).unwrap();
+                let id = m.names.remove(&path).unwrap();
+                m.data.remove(&id);
+            }
+            65..=74 => {
+                let Some(path) = pick(&mut rng, &files).cloned() else { continue };
+                let dir = pick(&mut rng, &dirs).unwrap().clone();
+                let to = format!("{dir}/r{step}");
+                fs.rename_path(&path, &to).unwrap();
+                let id = m.names.remove(&path).unwrap();
+                m.names.insert(to, id);
+            }
+            75..=81 => {
+                let dir = pick(&mut rng, &dirs).unwrap().clone();
+                if dir.matches('/').count() < 3 {
+                    let path = format!("{dir}/d{step}");
+                    fs.create_dir(&path, 0o755).unwrap();
+                    m.dirs.insert(path);
+                }
+            }
+            82..=85 => {
+                // Remove an empty directory.
+                let empty: Vec<String> = dirs
+                    .iter()
+                    .filter(|d| !d.is_empty())
+                    .filter(|d| {
+                        let pre = format!("{d}/");
+                        !m.dirs.iter().any(|x| x.starts_with(&pre)) && !m.names.keys().any(|x| x.starts_with(&pre))
+                    })
+                    .cloned()
+                    .collect();
+                let Some(d) = pick(&mut rng, &empty).cloned() else { continue };
+                fs.remove_dir(&d).unwrap();
+                m.dirs.remove(&d);
+            }
+            _ => fs.sync().unwrap(),
+        }
+        if fs.journal_stats().commits != commits {
+            syncs.push((dev.log_len(), m.clone()));
+        }
+        if std::env::var("PWFS_TRACE").is_ok() {
+            eprintln!("step {step}: log {} commits {}", dev.log_len(), fs.journal_stats().commits);
+        }
+    }
+    fs.sync().unwrap();
+    syncs.push((dev.log_len(), m.clone()));
+    // Without a crash the tree is exactly the model, cached and cold.
+    matches(&observe(fs), &m, None).expect("live tree matches the model");
+    fs.evict_cache().unwrap();
+    matches(&observe(fs), &m, None).expect("tree read cold matches the model");
+    syncs
+}
+
+/// Read the whole tree of a mounted file system into a model (ids left 0).
+fn observe(fs: &Fs) -> (BTreeSet<String>, BTreeMap<String, Vec<u8>>) {
+    let mut dirs = BTreeSet::new();
+    let mut files = BTreeMap::new();
+    let mut stack = vec![String::new()];
+    while let Some(d) = stack.pop() {
+        dirs.insert(d.clone());
+        let path = if d.is_empty() { "/".to_string() } else { d.clone() };
+        for e in fs.read_dir(&path).unwrap() {
+            let p = format!("{d}/{}", String::from_utf8(e.name).unwrap());
+            if e.kind == pwfs::FileType::Directory {
+                stack.push(p);
+            } else {
+                files.insert(p.clone(), fs.read_file(&p).unwrap());
+            }
+        }
+    }
+    (dirs, files)
+}
+
+/// Does the observed tree match `a` (allowing bytes of in-place overwrites from `b`)?
+fn matches(obs: &(BTreeSet<String>, BTreeMap<String, Vec<u8>>), a: &Model, b: Option<&Model>) -> Result<(), String> {
+    if obs.0 != a.dirs {
+        return Err(format!("directories differ: {:?} vs {:?}", obs.0, a.dirs));
+    }
+    let names: BTreeSet<&String> = a.names.keys().collect();
+    if obs.1.keys().collect::<BTreeSet<_>>() != names {
+        return Err(format!("names differ: {:?} vs {:?}", obs.1.keys().collect::<Vec<_>>(), names));
+    }
+    for (path, id) in &a.names {
+        let want = &a.data[id];
+        let got = &obs.1[path];
+        if got.len() != want.len() {
+            return Err(format!("{path}: size {} but {} synced", got.len(), want.len()));
+        }
+        let alt = b.and_then(|b| b.data.get(id));
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            if g != w && alt.and_then(|x| x.get(i)) != Some(g) {
+                return Err(format!("{path}: byte {i} is {g}, synced {w}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn mount_mem(img: Vec<u8>) -> (Arc<MemDevice>, Fs) {
+    let dev = Arc::new(MemDevice::from_vec(img));
+    let fs = Fs::mount(dev.clone(), test_config()).expect("a crash image must mount");
+    (dev, fs)
+}
+
+fn check_point(base: &[u8], log: &[pwfs::device::sim::LogEntry], syncs: &[(usize, Model)], k: usize, seed: u64) {
+    let ctx = format!("seed {seed}, crash after log entry {k} of {}", log.len());
+    let img = crash_image(base, log, k, seed ^ (k as u64).wrapping_mul(0x9e37_79b9));
+    // fsck of the raw crash image (as the journal leaves it) must already be clean.
+    let r = pwfs::fsck::check(&MemDevice::from_vec(img.clone())).unwrap();
+    assert!(r.is_clean(), "{ctx}: fsck before recovery:\n{}", r.errors.join("\n"));
+    // The last sync that completed before the crash, and the one that may have.
+    let i = syncs.iter().rposition(|(at, _)| *at <= k).expect("the initial state is a sync point");
+    let (a, b) = (&syncs[i].1, syncs.get(i + 1).map(|s| &s.1));
+
+    // Recovery, crashed part-way through at a random point, then recovered again.
+    let rec = Arc::new(SimDevice::new(img.clone(), SimConfig::default()));
+    let rec_base = rec.start_recording();
+    drop(Fs::mount(rec.clone(), test_config()).unwrap_or_else(|e| panic!("{ctx}: mount: {e}")));
+    let rlog = rec.log();
+    let cut = if rlog.is_empty() { 0 } else { (seed as usize ^ k) % rlog.len() };
+    let img2 = crash_image(&rec_base, &rlog, cut, seed.wrapping_add(k as u64));
+
+    for (which, img) in [("after recovery", img), ("after a crash during recovery", img2)] {
+        let (dev, fs) = mount_mem(img);
+        let obs = observe(&fs);
+        let ok = matches(&obs, a, b);
+        let ok = ok.or_else(|e1| b.map_or(Err(e1.clone()), |b| matches(&obs, b, None)).map_err(|e2| format!("{e1} / {e2}")));
+        if let Err(e) = ok {
+            panic!("{ctx}: {which}: tree is neither the last synced state nor the next: {e}");
+        }
+        fs.unmount().unwrap();
+        let r = pwfs::fsck::check(&*dev).unwrap();
+        assert!(r.is_clean(), "{ctx}: {which}: fsck after unmount:\n{}", r.errors.join("\n"));
+        assert!(r.notes.is_empty(), "{ctx}: {which}: unmount left: {:?}", r.notes);
+    }
+}
+
+fn run(seed: u64, steps: usize, points: usize) -> usize {
+    // A small journal, so the workload also crosses checkpoints.
+    let image = formatted_image(8 * MIB, &MkfsOptions { inodes: Some(512), journal_blocks: Some(96) });
+    let dev = Arc::new(SimDevice::new(image, SimConfig { seed, ..Default::default() }));
+    let base = dev.start_recording();
+    let fs = Fs::mount(dev.clone(), test_config()).unwrap();
+    let syncs = workload(&fs, &dev, seed, steps);
+    drop(fs);
+    let log = dev.log();
+    assert!(log.len() > points, "workload too small: {} log entries", log.len());
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut ks: Vec<usize> = (0..points).map(|_| rng.gen_range(0..=log.len())).collect();
+    ks.push(log.len());
+    for k in &ks {
+        check_point(&base, &log, &syncs, *k, seed);
+    }
+    ks.len()
+}
+
+#[test]
+fn crash_points_seed_1() {
+    assert!(run(1, 400, 300) > 300);
+}
+
+#[test]
+fn crash_points_seed_2() {
+    assert!(run(2, 400, 300) > 300);
+}
+
+#[test]
+fn crash_points_seed_3() {
+    assert!(run(3, 400, 300) > 300);
+}
+
+#[test]
+fn crash_points_seed_4() {
+    assert!(run(4, 400, 300) > 300);
+}
+
+/// Extra seeds: `PWFS_CRASH_SEEDS=100` runs seeds 100.. for as long as you like.
+#[test]
+fn crash_points_env_seeds() {
+    if let Ok(s) = std::env::var("PWFS_CRASH_SEEDS") {
+        let start: u64 = s.parse().unwrap();
+        for seed in start..start + 20 {
+            run(seed, 400, 200);
+        }
+    }
+}
+
+#[test]
+#[ignore]
+fn debug_point() {
+    let seed: u64 = std::env::var("S").unwrap().parse().unwrap();
+    let k: usize = std::env::var("K").unwrap().parse().unwrap();
+    let image = formatted_image(8 * MIB, &MkfsOptions { inodes: Some(512), journal_blocks: Some(96) });
+    let dev = Arc::new(SimDevice::new(image, SimConfig { seed, ..Default::default() }));
+    let base = dev.start_recording();
+    let fs = Fs::mount(dev.clone(), test_config()).unwrap();
+    let syncs = workload(&fs, &dev, seed, 400);
+    drop(fs);
+    let log = dev.log();
+    let i = syncs.iter().rposition(|(at, _)| *at <= k).unwrap();
+    eprintln!("sync points around: {:?}", syncs.iter().map(|s| s.0).filter(|a| a + 40 > k && *a < k + 40).collect::<Vec<_>>());
+    for (j, e) in log.iter().enumerate().take(k + 5).skip(syncs[i].0.saturating_sub(30)) {
+        match e {
+            pwfs::device::sim::LogEntry::Write { offset, data } => eprintln!("{j}: write block {} x{}", offset / 4096, data.len() / 4096),
+            pwfs::device::sim::LogEntry::Flush => eprintln!("{j}: flush"),
+        }
+    }
+    let img = crash_image(&base, &log, k, seed ^ (k as u64).wrapping_mul(0x9e37_79b9));
+    let (_d, fs) = mount_mem(img);
+    let obs = observe(&fs);
+    for (p, id) in &syncs[i].1.names {
+        let want = &syncs[i].1.data[id];
+        if obs.1.get(p) != Some(want) {
+            let md = fs.metadata(p).unwrap();
+            let bad = obs.1[p].iter().zip(want).position(|(a, b)| a != b);
+            eprintln!("{p}: ino {} size {} first bad byte {:?}", md.ino, md.size, bad);
+        }
+    }
+}
