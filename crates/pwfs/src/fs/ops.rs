@@ -210,6 +210,16 @@ impl Fs {
         self.inner.check_writable()?;
         check_name(name)?;
         let mut m = self.meta();
+        let p = m.inode(parent)?;
+        if !p.is_dir() {
+            return Err(Error::not_dir(""));
+        }
+        if p.d.nlink == 0 {
+            return Err(Error::not_found("directory was removed"));
+        }
+        if is_dot(name) || m.lookup(parent, name)?.is_some() {
+            return Err(Error::exists(""));
+        }
         let node = m.inode(ino)?;
         if node.is_dir() {
             return Err(Error::not_permitted("hard link to a directory"));
@@ -221,16 +231,6 @@ impl Fs {
             return Err(Error::not_found("file was removed"));
         }
         let mode = node.d.mode;
-        let p = m.inode(parent)?;
-        if !p.is_dir() {
-            return Err(Error::not_dir(""));
-        }
-        if p.d.nlink == 0 {
-            return Err(Error::not_found("directory was removed"));
-        }
-        if is_dot(name) || m.lookup(parent, name)?.is_some() {
-            return Err(Error::exists(""));
-        }
         let grow = m.dir(parent)?.free.is_empty();
         self.inner.need_space(&mut m, grow as u64, false)?;
         self.inner.mutate(&mut m, |m| {
