@@ -58,6 +58,9 @@ pub struct Config {
     pub hitchhike: bool,
     /// Open read-only: no write reaches the device (not even journal recovery).
     pub read_only: bool,
+    /// Run the full consistency check (fsck) before mounting, and refuse an image
+    /// that fails it. Reads all metadata once; turn off for very large images.
+    pub check_on_mount: bool,
 }
 
 impl Default for Config {
@@ -72,6 +75,7 @@ impl Default for Config {
             stack: Stack::Sync,
             hitchhike: false,
             read_only: false,
+            check_on_mount: true,
         }
     }
 }

@@ -200,6 +200,17 @@ impl Fs {
     pub fn mount_report(dev: Arc<dyn Device>, config: Config) -> Result<(Fs, MountReport)> {
         config.validate()?;
         let (sb, used_backup) = read_superblock(&*dev)?;
+        if config.check_on_mount {
+            // Before anything is written: a damaged image is refused unchanged.
+            let r = crate::fsck::check(&*dev)?;
+            if !r.is_clean() {
+                let n = r.errors.len();
+                let first = r.errors.iter().take(3).cloned().collect::<Vec<_>>().join("; ");
+                return Err(Error::corrupt(format!(
+                    "image fails its consistency check ({n} problem(s): {first}); run `pwfs fsck` for the full report"
+                )));
+            }
+        }
         let scan = journal::scan(&*dev, &sb)?;
         let mut report = MountReport {
             used_backup_superblock: used_backup,
@@ -287,6 +298,12 @@ impl Fs {
 
     pub fn journal_stats(&self) -> journal::JournalStats {
         self.inner.journal.lock().stats
+    }
+}
+
+impl std::fmt::Debug for Fs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Fs({} blocks on {})", self.inner.sb.total_blocks, self.inner.dev.name())
     }
 }
 
