@@ -1,1 +1,88 @@
-pub fn x() {}
+//! Named benchmark workloads for Patchwork, each run side by side with the Linux
+//! kernel on the same disk in one run, so that ratios (not absolute times, which
+//! drift on a shared machine) are what gets reported.
+//!
+//! Workloads (`pwfs bench <name>`):
+//! - `basic`: cold 4 KiB random reads at queue depth 1, 4 KiB write+fsync, 1 MiB
+//!   sequential write and cold read, warm 4 KiB reads; against ext4 buffered, ext4
+//!   O_DIRECT, and raw io_uring O_DIRECT reads of the image (the device floor).
+
+pub mod basic;
+pub mod kernel;
+pub mod report;
+
+pub use report::{Report, Row};
+
+use std::path::PathBuf;
+
+#[derive(Debug, Clone)]
+pub struct Opts {
+    /// Where the image and the kernel's files go (the same disk for both).
+    pub dir: PathBuf,
+    /// Size of the test file, in MiB.
+    pub file_mib: u64,
+    /// Random reads (and write+fsync pairs) measured per column.
+    pub ops: usize,
+    /// Repetitions of throughput runs; the median is reported.
+    pub runs: usize,
+    pub seed: u64,
+}
+
+impl Opts {
+    /// Full size: a file larger than the default cache, thousands of samples.
+    pub fn full(dir: PathBuf) -> Opts {
+        Opts {
+            dir,
+            file_mib: 1024,
+            ops: 4000,
+            runs: 3,
+            seed: 42,
+        }
+    }
+    /// `--quick`: the README's first run; a minute or so.
+    pub fn quick(dir: PathBuf) -> Opts {
+        Opts {
+            dir,
+            file_mib: 256,
+            ops: 2000,
+            runs: 3,
+            seed: 42,
+        }
+    }
+    /// `--smoke`: seconds; CI runs it so the benchmarks cannot rot.
+    pub fn smoke(dir: PathBuf) -> Opts {
+        Opts {
+            dir,
+            file_mib: 16,
+            ops: 100,
+            runs: 1,
+            seed: 42,
+        }
+    }
+}
+
+/// Latency samples in microseconds → (p50, p99).
+pub fn percentiles(mut us: Vec<f64>) -> (f64, f64) {
+    if us.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    us.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| us[((us.len() as f64 - 1.0) * q).round() as usize];
+    (at(0.5), at(0.99))
+}
+
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// A permutation of `n` page indices (distinct, so cold reads never hit).
+pub fn shuffled_pages(n: u64, take: usize, seed: u64) -> Vec<u64> {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+    let mut v: Vec<u64> = (0..n).collect();
+    v.shuffle(&mut rng);
+    v.truncate(take);
+    v
+}

@@ -1,1 +1,262 @@
-fn main() {}
+//! `pwfs`: make, check, inspect and benchmark Patchwork images.
+
+use clap::{Parser, Subcommand, ValueEnum};
+use pwfs::{Config, MkfsOptions};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "pwfs",
+    version,
+    about = "Patchwork: a user-space file system and I/O stack"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Format an image file (created and allocated up front) or a block device.
+    Mkfs {
+        image: PathBuf,
+        /// Size of a new image: bytes, or with a K/M/G/T suffix (powers of 1024).
+        #[arg(long, value_parser = parse_size)]
+        size: Option<u64>,
+        /// Number of inodes (default: one per 16 KiB).
+        #[arg(long)]
+        inodes: Option<u64>,
+        /// Journal size in 4 KiB blocks (default: 1/64 of the image, 256..16384).
+        #[arg(long)]
+        journal_blocks: Option<u64>,
+    },
+    /// Check every invariant of an image; exit 1 if any is violated. Never repairs.
+    Fsck { image: PathBuf },
+    /// Print the superblock and usage of an image.
+    Info { image: PathBuf },
+    /// Run a named benchmark (Patchwork against the kernel, side by side).
+    Bench {
+        #[arg(value_enum)]
+        workload: Workload,
+        /// About a minute: the README's first run.
+        #[arg(long)]
+        quick: bool,
+        /// Seconds: only shows that the workload runs (CI).
+        #[arg(long, conflicts_with = "quick")]
+        smoke: bool,
+        /// Directory for the image and the kernel's files (the disk under test).
+        #[arg(long, default_value = "bench-out")]
+        dir: PathBuf,
+        /// Where to write the JSON record (default: DIR/WORKLOAD.json).
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Workload {
+    /// Cold/warm 4 KiB reads, write+fsync, 1 MiB sequential I/O vs ext4 and the raw device.
+    Basic,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('M') => (&s[..s.len() - 1], 1 << 20),
+        Some('G') => (&s[..s.len() - 1], 1 << 30),
+        Some('T') => (&s[..s.len() - 1], 1 << 40),
+        _ => (s, 1),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("not a size: {s:?} (try 64M or 1G)"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size too large: {s}"))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli.cmd) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("pwfs: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cmd: Cmd) -> Result<ExitCode, String> {
+    match cmd {
+        Cmd::Mkfs {
+            image,
+            size,
+            inodes,
+            journal_blocks,
+        } => {
+            let opts = MkfsOptions {
+                inodes,
+                journal_blocks,
+            };
+            let size = match size {
+                Some(s) => s,
+                None => match std::fs::metadata(&image) {
+                    Ok(m) if m.file_type().is_file() && m.len() > 0 => m.len(),
+                    Ok(m) if !m.file_type().is_file() => block_device_size(&image)?,
+                    _ => {
+                        return Err(format!(
+                            "{}: no such image; give --size to create one",
+                            image.display()
+                        ))
+                    }
+                },
+            };
+            let sb = pwfs::mkfs_image(&image, size, &opts).map_err(|e| e.to_string())?;
+            println!(
+                "formatted {}: {} blocks of 4 KiB ({} MiB), {} inodes, journal {} blocks, uuid {}",
+                image.display(),
+                sb.total_blocks,
+                sb.total_blocks * 4096 >> 20,
+                sb.inode_count,
+                sb.journal_blocks,
+                hex(&sb.uuid)
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Fsck { image } => {
+            let dev = pwfs::open_device(
+                &image,
+                &Config {
+                    cache_bytes: 1 << 20,
+                    ..Default::default()
+                },
+            )
+            .map_err(|e| e.to_string())?;
+            let r = pwfs::fsck::check(&*dev).map_err(|e| format!("{}: {e}", image.display()))?;
+            for n in &r.notes {
+                println!("note: {n}");
+            }
+            for e in &r.errors {
+                println!("error: {e}");
+            }
+            println!(
+                "{}: {} inodes ({} files, {} directories), {} data blocks in use: {}",
+                image.display(),
+                r.inodes_used,
+                r.files,
+                r.directories,
+                r.blocks_used,
+                if r.is_clean() {
+                    "clean".to_string()
+                } else {
+                    format!("{} problem(s)", r.errors.len())
+                }
+            );
+            Ok(if r.is_clean() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+        Cmd::Info { image } => {
+            let config = Config {
+                read_only: true,
+                check_on_mount: false,
+                writeback_interval: None,
+                ..Default::default()
+            };
+            let fs = pwfs::mount_image(&image, config).map_err(|e| e.to_string())?;
+            let sb = fs.superblock().clone();
+            let st = fs.statfs();
+            println!("image:          {}", image.display());
+            println!("format version: {}", sb.version);
+            println!("uuid:           {}", hex(&sb.uuid));
+            println!(
+                "size:           {} blocks of 4 KiB ({} MiB)",
+                sb.total_blocks,
+                sb.total_blocks * 4096 >> 20
+            );
+            println!(
+                "journal:        blocks {}..{}",
+                sb.journal_start,
+                sb.journal_start + sb.journal_blocks
+            );
+            println!(
+                "inode bitmap:   blocks {}..{}",
+                sb.inode_bitmap_start,
+                sb.inode_bitmap_start + sb.inode_bitmap_blocks
+            );
+            println!(
+                "block bitmap:   blocks {}..{}",
+                sb.block_bitmap_start,
+                sb.block_bitmap_start + sb.block_bitmap_blocks
+            );
+            println!(
+                "inode table:    blocks {}..{}",
+                sb.inode_table_start, sb.data_start
+            );
+            println!("data:           blocks {}..{}", sb.data_start, sb.data_end);
+            println!(
+                "usage:          {} of {} data blocks used ({:.1}%), {} of {} inodes used",
+                st.blocks - st.blocks_free,
+                st.blocks,
+                100.0 * (st.blocks - st.blocks_free) as f64 / st.blocks as f64,
+                st.inodes - st.inodes_free,
+                st.inodes
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Bench {
+            workload: Workload::Basic,
+            quick,
+            smoke,
+            dir,
+            json,
+        } => {
+            let opts = if smoke {
+                pwfs_bench::Opts::smoke(dir.clone())
+            } else if quick {
+                pwfs_bench::Opts::quick(dir.clone())
+            } else {
+                pwfs_bench::Opts::full(dir.clone())
+            };
+            let r = pwfs_bench::basic::run(&opts, &mut |s| eprintln!("bench basic: {s}..."))?;
+            print!("{}", r.table());
+            let json = json.unwrap_or_else(|| dir.join("basic.json"));
+            std::fs::write(&json, serde_json_pretty(&r))
+                .map_err(|e| format!("{}: {e}", json.display()))?;
+            println!("JSON record: {}", json.display());
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn serde_json_pretty(r: &pwfs_bench::Report) -> String {
+    format!("{:#}\n", r.json())
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn block_device_size(path: &PathBuf) -> Result<u64, String> {
+    use std::io::Seek;
+    let mut f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    f.seek(std::io::SeekFrom::End(0))
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64M"), Ok(64 << 20));
+        assert_eq!(parse_size("2g"), Ok(2 << 30));
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+}

@@ -19,6 +19,27 @@ use std::sync::Arc;
 
 pub type Key = (u64, u64);
 
+/// Keys are (inode, page index): a multiply-xor hash is enough and much cheaper than
+/// SipHash on this path (no key comes from an untrusted source).
+#[derive(Default, Clone, Copy)]
+pub struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(*b as u64);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+type KeyMap<V> = HashMap<Key, V, std::hash::BuildHasherDefault<KeyHasher>>;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PageState {
     /// Not in memory (a page is only in the map in this state before its fetch starts).
@@ -43,7 +64,10 @@ pub struct PageData {
 
 impl PageData {
     pub fn readable(&self) -> bool {
-        matches!(self.state, PageState::UpToDate | PageState::Dirty | PageState::Writeback)
+        matches!(
+            self.state,
+            PageState::UpToDate | PageState::Dirty | PageState::Writeback
+        )
     }
     pub fn data(&self) -> &[u8] {
         self.buf.as_deref().expect("readable page has a buffer")
@@ -92,7 +116,7 @@ pub struct CacheStats {
 }
 
 struct Map {
-    pages: HashMap<Key, Arc<Page>>,
+    pages: KeyMap<Arc<Page>>,
     clock: VecDeque<Key>,
     dirty: BTreeSet<Key>,
 }
@@ -106,7 +130,11 @@ pub struct PageCache {
 impl PageCache {
     pub fn new(capacity_pages: usize) -> PageCache {
         PageCache {
-            map: Mutex::new(Map { pages: HashMap::new(), clock: VecDeque::new(), dirty: BTreeSet::new() }),
+            map: Mutex::new(Map {
+                pages: KeyMap::default(),
+                clock: VecDeque::new(),
+                dirty: BTreeSet::new(),
+            }),
             capacity: capacity_pages.max(16),
             stats: CacheStats::default(),
         }
@@ -130,7 +158,11 @@ impl PageCache {
 
     pub fn get(&self, key: Key) -> Option<Arc<Page>> {
         let p = self.map.lock().pages.get(&key).cloned();
-        let c = if p.is_some() { &self.stats.hits } else { &self.stats.misses };
+        let c = if p.is_some() {
+            &self.stats.hits
+        } else {
+            &self.stats.misses
+        };
         c.fetch_add(1, Ordering::Relaxed);
         p
     }
@@ -138,24 +170,41 @@ impl PageCache {
     /// The page for `key`, inserting it in `Fetching` state if absent. The bool says
     /// whether this call inserted it (and so must fill it).
     pub fn get_or_insert(&self, key: Key) -> (Arc<Page>, bool) {
+        self.get_or_insert_range(key.0, key.1, 1)
+            .pop()
+            .expect("one page")
+    }
+
+    /// `get_or_insert` for `n` consecutive pages of `ino`, under one lock.
+    pub fn get_or_insert_range(&self, ino: u64, first: u64, n: u64) -> Vec<(Arc<Page>, bool)> {
+        let mut out = Vec::with_capacity(n as usize);
         let mut m = self.map.lock();
-        if let Some(p) = m.pages.get(&key) {
-            self.stats.hits.fetch_add(1, Ordering::Relaxed);
-            return (p.clone(), false);
+        for idx in first..first + n {
+            let key = (ino, idx);
+            if let Some(p) = m.pages.get(&key) {
+                self.stats.hits.fetch_add(1, Ordering::Relaxed);
+                out.push((p.clone(), false));
+                continue;
+            }
+            self.stats.misses.fetch_add(1, Ordering::Relaxed);
+            if m.pages.len() >= self.capacity {
+                self.evict(&mut m);
+            }
+            let page = Arc::new(Page {
+                key,
+                data: Mutex::new(PageData {
+                    state: PageState::Fetching,
+                    buf: None,
+                    failed: false,
+                }),
+                cond: Condvar::new(),
+                referenced: AtomicBool::new(true),
+            });
+            m.pages.insert(key, page.clone());
+            m.clock.push_back(key);
+            out.push((page, true));
         }
-        self.stats.misses.fetch_add(1, Ordering::Relaxed);
-        if m.pages.len() >= self.capacity {
-            self.evict(&mut m);
-        }
-        let page = Arc::new(Page {
-            key,
-            data: Mutex::new(PageData { state: PageState::Fetching, buf: None, failed: false }),
-            cond: Condvar::new(),
-            referenced: AtomicBool::new(true),
-        });
-        m.pages.insert(key, page.clone());
-        m.clock.push_back(key);
-        (page, true)
+        out
     }
 
     /// A fetch failed: wake the waiters with the error and forget the page.
@@ -166,14 +215,21 @@ impl PageCache {
         }
         page.cond.notify_all();
         let mut m = self.map.lock();
-        if m.pages.get(&page.key).is_some_and(|p| std::ptr::eq(&**p, page)) {
+        if m.pages
+            .get(&page.key)
+            .is_some_and(|p| std::ptr::eq(&**p, page))
+        {
             m.pages.remove(&page.key);
         }
     }
 
     /// Whether this very page (not just its key) is still in the cache.
     pub fn holds(&self, page: &Arc<Page>) -> bool {
-        self.map.lock().pages.get(&page.key).is_some_and(|p| Arc::ptr_eq(p, page))
+        self.map
+            .lock()
+            .pages
+            .get(&page.key)
+            .is_some_and(|p| Arc::ptr_eq(p, page))
     }
 
     pub fn mark_dirty(&self, key: Key) {
@@ -184,13 +240,20 @@ impl PageCache {
     pub fn take_dirty(&self) -> Vec<Arc<Page>> {
         let mut m = self.map.lock();
         let keys = std::mem::take(&mut m.dirty);
-        keys.into_iter().filter_map(|k| m.pages.get(&k).cloned()).collect()
+        keys.into_iter()
+            .filter_map(|k| m.pages.get(&k).cloned())
+            .collect()
     }
 
     /// Forget every page of `ino` at or past page `from` (truncate, delete).
     pub fn drop_from(&self, ino: u64, from: u64) {
         let mut m = self.map.lock();
-        let keys: Vec<Key> = m.pages.keys().filter(|k| k.0 == ino && k.1 >= from).copied().collect();
+        let keys: Vec<Key> = m
+            .pages
+            .keys()
+            .filter(|k| k.0 == ino && k.1 >= from)
+            .copied()
+            .collect();
         for k in keys {
             m.pages.remove(&k);
             m.dirty.remove(&k);
@@ -204,7 +267,9 @@ impl PageCache {
         m.pages.retain(|k, p| {
             dirty.contains(k)
                 || Arc::strong_count(p) > 1
-                || p.data.try_lock().is_none_or(|g| !matches!(g.state, PageState::UpToDate))
+                || p.data
+                    .try_lock()
+                    .is_none_or(|g| !matches!(g.state, PageState::UpToDate))
         });
         let Map { pages, clock, .. } = &mut *m;
         clock.retain(|k| pages.contains_key(k));
@@ -221,7 +286,9 @@ impl PageCache {
             let Some(p) = m.pages.get(&k) else { continue };
             let clean = !m.dirty.contains(&k)
                 && Arc::strong_count(p) == 1
-                && p.data.try_lock().is_some_and(|g| g.state == PageState::UpToDate);
+                && p.data
+                    .try_lock()
+                    .is_some_and(|g| g.state == PageState::UpToDate);
             if !clean {
                 m.clock.push_back(k);
                 continue;

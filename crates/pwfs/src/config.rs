@@ -61,6 +61,8 @@ pub struct Config {
     /// Run the full consistency check (fsck) before mounting, and refuse an image
     /// that fails it. Reads all metadata once; turn off for very large images.
     pub check_on_mount: bool,
+    /// Pages read ahead, in the background, of a sequential reader (0: none).
+    pub readahead_pages: u64,
 }
 
 impl Default for Config {
@@ -76,6 +78,7 @@ impl Default for Config {
             hitchhike: false,
             read_only: false,
             check_on_mount: true,
+            readahead_pages: 256,
         }
     }
 }
@@ -83,7 +86,11 @@ impl Default for Config {
 impl Config {
     /// Refuse settings for mechanisms this build does not have yet.
     pub fn validate(&self) -> crate::Result<()> {
-        let missing = |what: &str| Err(crate::Error::invalid(format!("{what} is not implemented yet")));
+        let missing = |what: &str| {
+            Err(crate::Error::invalid(format!(
+                "{what} is not implemented yet"
+            )))
+        };
         if self.fetch != FetchPolicy::Blocking {
             return missing("non-blocking fetch policies");
         }
@@ -103,7 +110,9 @@ impl Config {
             return Err(crate::Error::invalid("cache must hold at least 64 pages"));
         }
         if !(0.05..=0.95).contains(&self.dirty_ratio) {
-            return Err(crate::Error::invalid("dirty_ratio must be within 0.05..=0.95"));
+            return Err(crate::Error::invalid(
+                "dirty_ratio must be within 0.05..=0.95",
+            ));
         }
         Ok(())
     }

@@ -41,7 +41,10 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     pub fn new(kind: ErrorKind, detail: impl Into<String>) -> Error {
-        Error { kind, detail: detail.into() }
+        Error {
+            kind,
+            detail: detail.into(),
+        }
     }
 
     pub fn kind(&self) -> ErrorKind {
@@ -91,10 +94,11 @@ ctor! {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let os = std::io::Error::from_raw_os_error(self.errno());
-        if self.detail.is_empty() {
-            write!(f, "{os}")
-        } else {
-            write!(f, "{}: {os}", self.detail)
+        match (self.detail.is_empty(), self.kind) {
+            (true, _) => write!(f, "{os}"),
+            // The detail already says what went wrong with the medium.
+            (false, ErrorKind::Io | ErrorKind::Corrupt) => write!(f, "{}", self.detail),
+            (false, _) => write!(f, "{}: {os}", self.detail),
         }
     }
 }
@@ -115,6 +119,9 @@ impl From<FormatError> for Error {
 
 impl From<Error> for std::io::Error {
     fn from(e: Error) -> std::io::Error {
-        std::io::Error::new(std::io::Error::from_raw_os_error(e.errno()).kind(), e.to_string())
+        std::io::Error::new(
+            std::io::Error::from_raw_os_error(e.errno()).kind(),
+            e.to_string(),
+        )
     }
 }

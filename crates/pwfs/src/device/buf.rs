@@ -151,7 +151,8 @@ impl Arena {
         }))
     }
 
-    /// A zeroed slot buffer of `len <= slot_size` bytes, or None when the arena is empty.
+    /// A slot buffer of `len <= slot_size` bytes (contents left over from its last
+    /// use), or None when the arena is empty.
     pub fn alloc(self: &Arc<Arena>, len: usize) -> Option<AlignedBuf> {
         if len > self.slot_size {
             return None;
@@ -159,8 +160,6 @@ impl Arena {
         let slot = self.free.lock().pop()?;
         // SAFETY: slot < slots, so the range lies inside the mapping.
         let ptr = unsafe { self.base.as_ptr().add(slot as usize * self.slot_size) };
-        // SAFETY: the slot is ours alone until the buffer drops.
-        unsafe { std::ptr::write_bytes(ptr, 0, len) };
         Some(AlignedBuf {
             ptr: NonNull::new(ptr).expect("slot pointer"),
             len,

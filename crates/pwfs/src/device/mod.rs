@@ -108,9 +108,17 @@ pub trait Device: Send + Sync {
     /// Make every completed write durable.
     fn flush(&self) -> Result<(), DevError>;
 
-    /// A buffer suitable for this device (engines with registered memory override it).
+    /// A buffer suitable for this device (engines with registered memory override
+    /// it). Its contents are unspecified: use it for data that overwrites it whole.
     fn alloc(&self, len: usize) -> AlignedBuf {
         AlignedBuf::new(len)
+    }
+
+    /// A buffer of zeros.
+    fn alloc_zeroed(&self, len: usize) -> AlignedBuf {
+        let mut b = self.alloc(len);
+        b.fill(0);
+        b
     }
 
     /// A short name for reports ("uring", "psync", ...).

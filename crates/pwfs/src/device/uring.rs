@@ -24,7 +24,10 @@ struct Ring {
     device: u64,
     arena: Weak<Arena>,
     ring: IoUring,
+    /// The arena is registered as fixed buffer 0.
     fixed: bool,
+    /// The kernel has READV_FIXED/WRITEV_FIXED (6.15+): vectored ops skip page pinning.
+    vec_fixed: bool,
 }
 
 thread_local! {
@@ -101,11 +104,17 @@ impl UringDevice {
             // SAFETY: the arena outlives every use of the registration: a ring is only
             // used through `self`, which holds the arena, and is pruned once it is gone.
             let fixed = unsafe { ring.submitter().register_buffers(&[iov]) }.is_ok();
+            let mut probe = io_uring::Probe::new();
+            let vec_fixed = fixed
+                && ring.submitter().register_probe(&mut probe).is_ok()
+                && probe.is_supported(opcode::ReadvFixed::CODE)
+                && probe.is_supported(opcode::WritevFixed::CODE);
             rings.push(Ring {
                 device: self.id,
                 arena: Arc::downgrade(&self.arena),
                 ring,
                 fixed,
+                vec_fixed,
             });
             f(rings.last_mut().expect("just pushed"))
         })
@@ -116,6 +125,7 @@ impl UringDevice {
         op: &mut Op,
         iovs: &mut Vec<libc::iovec>,
         fixed: bool,
+        vec_fixed: bool,
     ) -> io_uring::squeue::Entry {
         let fd = types::Fd(self.file.as_raw_fd());
         if op.bufs.len() == 1 {
@@ -145,13 +155,22 @@ impl UringDevice {
                 iov_len: b.len(),
             })
             .collect();
-        match op.kind {
-            OpKind::Read => opcode::Readv::new(fd, iovs.as_ptr(), iovs.len() as u32)
+        // All buffers in the registered arena: the kernel need not pin their pages.
+        let fixed_vec = vec_fixed
+            && op
+                .bufs
+                .iter()
+                .all(|b| b.arena().is_some_and(|a| Arc::ptr_eq(a, &self.arena)));
+        let (ptr, n) = (iovs.as_ptr(), iovs.len() as u32);
+        match (op.kind, fixed_vec) {
+            (OpKind::Read, true) => opcode::ReadvFixed::new(fd, ptr, n, 0)
                 .offset(op.offset)
                 .build(),
-            OpKind::Write => opcode::Writev::new(fd, iovs.as_ptr(), iovs.len() as u32)
+            (OpKind::Write, true) => opcode::WritevFixed::new(fd, ptr, n, 0)
                 .offset(op.offset)
                 .build(),
+            (OpKind::Read, false) => opcode::Readv::new(fd, ptr, n).offset(op.offset).build(),
+            (OpKind::Write, false) => opcode::Writev::new(fd, ptr, n).offset(op.offset).build(),
         }
     }
 }
@@ -183,7 +202,7 @@ impl Device for UringDevice {
                 while next < n && in_flight < self.depth {
                     if results[next].is_none() {
                         let e = self
-                            .entry(&mut ops[next], &mut iovs[next], r.fixed)
+                            .entry(&mut ops[next], &mut iovs[next], r.fixed, r.vec_fixed)
                             .user_data(next as u64);
                         // SAFETY: buffers and iovecs stay alive and unmoved until the
                         // completion for this entry is reaped below.

@@ -61,6 +61,10 @@ pub(crate) struct FsInner {
     poisoned: Mutex<Option<String>>,
     stop: (Mutex<bool>, Condvar),
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Readahead: where each file's sequential reader is expected next, and the
+    /// queue of the background reader.
+    ra_next: Mutex<std::collections::HashMap<u64, u64>>,
+    ra_queue: Mutex<Option<std::sync::mpsc::Sender<(u64, u64, u64)>>>,
     pub stats: FsStats,
 }
 
@@ -81,28 +85,52 @@ pub struct MountReport {
 }
 
 fn now_ns() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
 }
 
 /// Format `dev`. Everything on it is lost.
 pub fn mkfs(dev: &dyn Device, opts: &MkfsOptions) -> Result<Superblock> {
     let total = dev.len() / BLOCK;
     if total < 64 {
-        return Err(Error::invalid(format!("device too small: {} bytes (need at least 256 KiB)", dev.len())));
+        return Err(Error::invalid(format!(
+            "device too small: {} bytes (need at least 256 KiB)",
+            dev.len()
+        )));
     }
-    let inodes = opts.inodes.unwrap_or((total / 4).max(1024)).min(u32::MAX as u64);
-    let jblocks = opts.journal_blocks.unwrap_or((total / 64).clamp(256, 16384)).min(total / 4).max(16);
+    let inodes = opts
+        .inodes
+        .unwrap_or((total / 4).max(1024))
+        .min(u32::MAX as u64);
+    let jblocks = opts
+        .journal_blocks
+        .unwrap_or((total / 64).clamp(256, 16384))
+        .min(total / 4)
+        .max(16);
     let mut uuid = [0u8; 16];
     rand::Rng::fill(&mut rand::thread_rng(), &mut uuid[..]);
-    let sb = Superblock::layout(total, inodes, jblocks, uuid, now_ns())
-        .map_err(|e| Error::invalid(format!("cannot lay out a file system on {total} blocks: {e}")))?;
+    let sb = Superblock::layout(total, inodes, jblocks, uuid, now_ns()).map_err(|e| {
+        Error::invalid(format!(
+            "cannot lay out a file system on {total} blocks: {e}"
+        ))
+    })?;
     let write = |block: u64, bufs: Vec<AlignedBuf>| -> Result<()> {
-        for d in dev.submit(vec![Op { kind: OpKind::Write, offset: block * BLOCK, bufs }]) {
+        for d in dev.submit(vec![Op {
+            kind: OpKind::Write,
+            offset: block * BLOCK,
+            bufs,
+        }]) {
             d.result?;
         }
         Ok(())
     };
-    let zeros = |n: u64| (0..n).map(|_| dev.alloc(BLOCK_SIZE)).collect::<Vec<_>>();
+    let zeros = |n: u64| {
+        (0..n)
+            .map(|_| dev.alloc_zeroed(BLOCK_SIZE))
+            .collect::<Vec<_>>()
+    };
     // Inode table and the first log block: zeroed, so nothing of an earlier format is read.
     let mut b = sb.inode_table_start;
     while b < sb.data_start {
@@ -113,7 +141,7 @@ pub fn mkfs(dev: &dyn Device, opts: &MkfsOptions) -> Result<Superblock> {
     write(sb.journal_start + 1, zeros(1))?;
     // Block bitmap: everything outside the data area is in use.
     for i in 0..sb.block_bitmap_blocks {
-        let mut buf = dev.alloc(BLOCK_SIZE);
+        let mut buf = dev.alloc_zeroed(BLOCK_SIZE);
         for bit in 0..f::BITS_PER_BITMAP_BLOCK {
             let blk = i * f::BITS_PER_BITMAP_BLOCK + bit;
             if blk < sb.data_start || (blk >= sb.data_end && blk < total) {
@@ -124,7 +152,7 @@ pub fn mkfs(dev: &dyn Device, opts: &MkfsOptions) -> Result<Superblock> {
         write(sb.block_bitmap_start + i, vec![buf])?;
     }
     for i in 0..sb.inode_bitmap_blocks {
-        let mut buf = dev.alloc(BLOCK_SIZE);
+        let mut buf = dev.alloc_zeroed(BLOCK_SIZE);
         if i == 0 {
             buf[0] = 1; // the root inode
         }
@@ -142,7 +170,7 @@ pub fn mkfs(dev: &dyn Device, opts: &MkfsOptions) -> Result<Superblock> {
         generation: 1,
         ..Default::default()
     };
-    let mut buf = dev.alloc(BLOCK_SIZE);
+    let mut buf = dev.alloc_zeroed(BLOCK_SIZE);
     root.encode(f::ROOT_INO, &mut buf[..f::INODE_SIZE]);
     write(sb.inode_table_start, vec![buf])?;
     // A start sequence nobody used before on this medium, so stale log blocks never match.
@@ -163,7 +191,10 @@ pub fn mkfs(dev: &dyn Device, opts: &MkfsOptions) -> Result<Superblock> {
 pub fn read_superblock(dev: &dyn Device) -> Result<(Superblock, bool)> {
     let total = dev.len() / BLOCK;
     if total < 64 {
-        return Err(Error::corrupt(format!("device too small to hold a pwfs image ({} bytes)", dev.len())));
+        return Err(Error::corrupt(format!(
+            "device too small to hold a pwfs image ({} bytes)",
+            dev.len()
+        )));
     }
     let read = |b: u64| -> Result<AlignedBuf> {
         let (buf, r) = dev.read(b * BLOCK, dev.alloc(BLOCK_SIZE));
@@ -176,7 +207,9 @@ pub fn read_superblock(dev: &dyn Device) -> Result<(Superblock, bool)> {
             Ok(sb) if !matches!(primary, f::FormatError::Magic { .. }) => (sb, true),
             _ => {
                 return Err(Error::corrupt(match primary {
-                    f::FormatError::Magic { .. } => "not a pwfs image (no superblock magic)".to_string(),
+                    f::FormatError::Magic { .. } => {
+                        "not a pwfs image (no superblock magic)".to_string()
+                    }
                     e => format!("bad superblock and no usable backup: {e}"),
                 }))
             }
@@ -205,7 +238,13 @@ impl Fs {
             let r = crate::fsck::check(&*dev)?;
             if !r.is_clean() {
                 let n = r.errors.len();
-                let first = r.errors.iter().take(3).cloned().collect::<Vec<_>>().join("; ");
+                let first = r
+                    .errors
+                    .iter()
+                    .take(3)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join("; ");
                 return Err(Error::corrupt(format!(
                     "image fails its consistency check ({n} problem(s): {first}); run `pwfs fsck` for the full report"
                 )));
@@ -235,6 +274,8 @@ impl Fs {
             poisoned: Mutex::new(None),
             stop: (Mutex::new(false), Condvar::new()),
             thread: Mutex::new(None),
+            ra_next: Mutex::new(Default::default()),
+            ra_queue: Mutex::new(None),
             stats: FsStats::default(),
             config,
         });
@@ -246,13 +287,26 @@ impl Fs {
             report.orphans_freed = inner.free_orphans()?;
             inner.commit()?;
         }
-        if let Some(every) = inner.config.writeback_interval.filter(|_| !inner.config.read_only) {
+        if let Some(every) = inner
+            .config
+            .writeback_interval
+            .filter(|_| !inner.config.read_only)
+        {
             let weak = Arc::downgrade(&inner);
             let h = std::thread::Builder::new()
                 .name("pwfs-writeback".into())
                 .spawn(move || writeback_thread(weak, every))
                 .map_err(|e| Error::io(format!("cannot start the write-back thread: {e}")))?;
             *inner.thread.lock() = Some(h);
+        }
+        if inner.config.readahead_pages > 0 {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let weak = Arc::downgrade(&inner);
+            std::thread::Builder::new()
+                .name("pwfs-readahead".into())
+                .spawn(move || readahead_thread(weak, rx))
+                .map_err(|e| Error::io(format!("cannot start the readahead thread: {e}")))?;
+            *inner.ra_queue.lock() = Some(tx);
         }
         Ok((Fs { inner }, report))
     }
@@ -293,7 +347,11 @@ impl Fs {
 
     pub fn cache_stats(&self) -> (u64, u64, u64) {
         let s = &self.inner.cache.stats;
-        (s.hits.load(Ordering::Relaxed), s.misses.load(Ordering::Relaxed), s.evictions.load(Ordering::Relaxed))
+        (
+            s.hits.load(Ordering::Relaxed),
+            s.misses.load(Ordering::Relaxed),
+            s.evictions.load(Ordering::Relaxed),
+        )
     }
 
     pub fn journal_stats(&self) -> journal::JournalStats {
@@ -303,13 +361,42 @@ impl Fs {
 
 impl std::fmt::Debug for Fs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Fs({} blocks on {})", self.inner.sb.total_blocks, self.inner.dev.name())
+        write!(
+            f,
+            "Fs({} blocks on {})",
+            self.inner.sb.total_blocks,
+            self.inner.dev.name()
+        )
     }
 }
 
 impl Drop for FsInner {
     fn drop(&mut self) {
         let _ = self.shutdown();
+    }
+}
+
+/// Fetches the pages a sequential reader will ask for next, while it copies out
+/// the ones it has: the device works while the CPU does.
+fn readahead_thread(fs: Weak<FsInner>, rx: std::sync::mpsc::Receiver<(u64, u64, u64)>) {
+    while let Ok((ino, first, n)) = rx.recv() {
+        let Some(inner) = fs.upgrade() else { return };
+        // As a reader: a truncate cannot run between the size check and the fetch.
+        let _g = inner.locks.read(ino);
+        let size = match inner.meta.lock().inode(ino) {
+            Ok(node) => node.d.size,
+            Err(_) => continue,
+        };
+        let n = n.min(size.div_ceil(BLOCK).saturating_sub(first));
+        let new: Vec<Arc<Page>> = inner
+            .cache
+            .get_or_insert_range(ino, first, n)
+            .into_iter()
+            .filter(|p| p.1)
+            .map(|p| p.0)
+            .collect();
+        // A failed readahead fails its pages; the reader fetches them again.
+        let _ = inner.fetch(ino, new);
     }
 }
 
@@ -339,7 +426,9 @@ impl FsInner {
             return Err(Error::read_only("mounted read-only"));
         }
         if let Some(why) = &*self.poisoned.lock() {
-            return Err(Error::read_only(format!("file system is read-only after an I/O error: {why}")));
+            return Err(Error::read_only(format!(
+                "file system is read-only after an I/O error: {why}"
+            )));
         }
         Ok(())
     }
@@ -356,7 +445,30 @@ impl FsInner {
         Error::io(e.detail)
     }
 
+    /// Note a read of `len` bytes at `offset`; if it continues the last one, queue the
+    /// pages after it for the background reader.
+    pub fn readahead(&self, ino: u64, offset: u64, len: u64, size: u64) {
+        let window = self.config.readahead_pages;
+        if window == 0 {
+            return;
+        }
+        let sequential = {
+            let mut next = self.ra_next.lock();
+            if next.len() > 4096 {
+                next.clear();
+            }
+            next.insert(ino, offset + len) == Some(offset)
+        };
+        let from = (offset + len).div_ceil(BLOCK);
+        if sequential && from * BLOCK < size {
+            if let Some(q) = &*self.ra_queue.lock() {
+                let _ = q.send((ino, from, window.max(len.div_ceil(BLOCK))));
+            }
+        }
+    }
+
     fn shutdown(&self) -> Result<()> {
+        self.ra_queue.lock().take();
         *self.stop.0.lock() = true;
         self.stop.1.notify_all();
         if let Some(h) = self.thread.lock().take() {
@@ -365,7 +477,13 @@ impl FsInner {
             }
         }
         if self.config.read_only || self.poisoned.lock().is_some() {
-            return self.check_writable().or_else(|e| if self.config.read_only { Ok(()) } else { Err(e) });
+            return self.check_writable().or_else(|e| {
+                if self.config.read_only {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            });
         }
         self.commit()?;
         let _c = self.commit_lock.lock();
@@ -445,7 +563,8 @@ impl FsInner {
     /// too much of the cache is dirty.
     pub fn maybe_commit(&self) -> Result<()> {
         let big = self.meta.lock().tx_blocks() >= self.journal.lock().max_images();
-        let dirty = self.cache.dirty_count() as f64 >= self.cache.capacity() as f64 * self.config.dirty_ratio;
+        let dirty = self.cache.dirty_count() as f64
+            >= self.cache.capacity() as f64 * self.config.dirty_ratio;
         if big || dirty {
             self.commit()?;
         }
@@ -486,7 +605,9 @@ impl FsInner {
                 while j < items.len() && items[j].0.key == (ino, idx + (j - i) as u64) {
                     j += 1;
                 }
-                let phys = self.map_run(&mut m, ino, idx, (j - i) as u64).map_err(|e| self.poison(e))?;
+                let phys = self
+                    .map_run(&mut m, ino, idx, (j - i) as u64)
+                    .map_err(|e| self.poison(e))?;
                 for (k, item) in items.drain(i..j).enumerate() {
                     match phys[k] {
                         Some(b) => placed.push((b, item.0, item.1)),
@@ -503,20 +624,27 @@ impl FsInner {
         }
         placed.sort_by_key(|p| p.0);
         let mut ops: Vec<Op> = Vec::new();
+        let mut written: Vec<Arc<Page>> = Vec::with_capacity(placed.len());
         let mut last: Option<u64> = None;
-        for (b, _, buf) in placed.iter_mut() {
-            let buf = std::mem::replace(buf, AlignedBuf::new(0));
+        for (b, page, buf) in placed {
             match (ops.last_mut(), last) {
-                (Some(op), Some(l)) if l + 1 == *b && op.bufs.len() < 256 => op.bufs.push(buf),
-                _ => ops.push(Op { kind: OpKind::Write, offset: *b * BLOCK, bufs: vec![buf] }),
+                (Some(op), Some(l)) if l + 1 == b && op.bufs.len() < 256 => op.bufs.push(buf),
+                _ => ops.push(Op {
+                    kind: OpKind::Write,
+                    offset: b * BLOCK,
+                    bufs: vec![buf],
+                }),
             }
-            last = Some(*b);
+            last = Some(b);
+            written.push(page);
         }
-        self.stats.data_writes.fetch_add(placed.len() as u64, Ordering::Relaxed);
+        self.stats
+            .data_writes
+            .fetch_add(written.len() as u64, Ordering::Relaxed);
         for d in self.dev.submit(ops) {
             d.result.map_err(|e| self.poison(e.into()))?;
         }
-        for (_, p, _) in placed {
+        for p in written {
             let mut g = p.lock();
             if g.state == PageState::Writeback {
                 g.state = PageState::UpToDate;
@@ -528,7 +656,9 @@ impl FsInner {
     /// Device blocks for `n` consecutive pages of `ino` from `idx`, allocating the
     /// unmapped ones; None for pages past the end of the file or of a freed inode.
     fn map_run(&self, m: &mut Meta, ino: u64, idx: u64, n: u64) -> Result<Vec<Option<u64>>> {
-        let Ok(node) = m.inode(ino) else { return Ok(vec![None; n as usize]) };
+        let Ok(node) = m.inode(ino) else {
+            return Ok(vec![None; n as usize]);
+        };
         let pages = node.d.size.div_ceil(BLOCK);
         let mut out = Vec::with_capacity(n as usize);
         let mut k = 0;
@@ -580,7 +710,8 @@ impl FsInner {
         }
         let maps: Result<Vec<Option<u64>>> = {
             let mut m = self.meta.lock();
-            m.inode(ino).map(|node| pages.iter().map(|p| node.map(p.key.1)).collect())
+            m.inode(ino)
+                .map(|node| pages.iter().map(|p| node.map(p.key.1)).collect())
         };
         let maps = match maps {
             Ok(v) => v,
@@ -595,7 +726,7 @@ impl FsInner {
         for (i, (p, b)) in pages.iter().zip(&maps).enumerate() {
             let Some(b) = *b else {
                 let g = p.lock();
-                p.complete(g, self.dev.alloc(BLOCK_SIZE));
+                p.complete(g, self.dev.alloc_zeroed(BLOCK_SIZE));
                 last = None;
                 continue;
             };
@@ -606,13 +737,19 @@ impl FsInner {
                     owners.last_mut().expect("paired").push(i);
                 }
                 _ => {
-                    ops.push(Op { kind: OpKind::Read, offset: b * BLOCK, bufs: vec![buf] });
+                    ops.push(Op {
+                        kind: OpKind::Read,
+                        offset: b * BLOCK,
+                        bufs: vec![buf],
+                    });
                     owners.push(vec![i]);
                 }
             }
             last = Some(b);
         }
-        self.stats.data_reads.fetch_add(ops.len() as u64, Ordering::Relaxed);
+        self.stats
+            .data_reads
+            .fetch_add(ops.len() as u64, Ordering::Relaxed);
         let mut err = None;
         for (d, own) in self.dev.submit(ops).into_iter().zip(owners) {
             match d.result {

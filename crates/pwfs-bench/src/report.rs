@@ -1,0 +1,139 @@
+//! A result table: rows of named values per column, with ratios, printed and as JSON.
+
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub name: String,
+    pub unit: &'static str,
+    /// Lower is better (latency) or higher is better (throughput).
+    pub lower_is_better: bool,
+    pub values: BTreeMap<String, f64>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    pub title: String,
+    pub columns: Vec<String>,
+    pub rows: Vec<Row>,
+    /// (description, ratio, target, met)
+    pub targets: Vec<(String, f64, String, bool)>,
+    pub notes: Vec<String>,
+}
+
+impl Report {
+    pub fn row(
+        &mut self,
+        name: &str,
+        unit: &'static str,
+        lower_is_better: bool,
+        values: &[(&str, f64)],
+    ) {
+        self.rows.push(Row {
+            name: name.to_string(),
+            unit,
+            lower_is_better,
+            values: values.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+        });
+    }
+
+    pub fn value(&self, row: &str, col: &str) -> f64 {
+        self.rows
+            .iter()
+            .find(|r| r.name == row)
+            .and_then(|r| r.values.get(col))
+            .copied()
+            .unwrap_or(f64::NAN)
+    }
+
+    /// Record a target on the ratio `a/b` of two cells.
+    pub fn target(
+        &mut self,
+        what: &str,
+        row: &str,
+        a: &str,
+        b: &str,
+        at_most: Option<f64>,
+        at_least: Option<f64>,
+    ) {
+        let ratio = self.value(row, a) / self.value(row, b);
+        let (met, text) = match (at_most, at_least) {
+            (Some(m), _) => (ratio <= m, format!("<= {m}")),
+            (_, Some(l)) => (ratio >= l, format!(">= {l}")),
+            _ => (true, String::new()),
+        };
+        self.targets
+            .push((format!("{what} ({row}: {a}/{b})"), ratio, text, met));
+    }
+
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "{}", self.title);
+        let _ = write!(s, "{:<34}", "");
+        for c in &self.columns {
+            let _ = write!(s, "{c:>15}");
+        }
+        let _ = writeln!(s, "{:>22}", "pwfs / best kernel");
+        for r in &self.rows {
+            let _ = write!(s, "{:<34}", format!("{} ({})", r.name, r.unit));
+            for c in &self.columns {
+                match r.values.get(c) {
+                    Some(v) if v.is_finite() => {
+                        let _ = write!(s, "{v:>15.1}");
+                    }
+                    _ => {
+                        let _ = write!(s, "{:>15}", "-");
+                    }
+                }
+            }
+            let kernel: Vec<f64> = r
+                .values
+                .iter()
+                .filter(|(k, _)| k.starts_with("ext4"))
+                .map(|(_, v)| *v)
+                .collect();
+            let best = if r.lower_is_better {
+                kernel.iter().copied().fold(f64::INFINITY, f64::min)
+            } else {
+                kernel.iter().copied().fold(0.0, f64::max)
+            };
+            match r.values.get("pwfs") {
+                Some(p) if best.is_finite() && best > 0.0 => {
+                    let _ = writeln!(s, "{:>21.2}x", p / best);
+                }
+                _ => {
+                    let _ = writeln!(s, "{:>22}", "-");
+                }
+            }
+        }
+        if !self.targets.is_empty() {
+            let _ = writeln!(s, "\ntargets:");
+            for (what, ratio, target, met) in &self.targets {
+                let _ = writeln!(
+                    s,
+                    "  [{}] {what}: {ratio:.2} (target {target})",
+                    if *met { "met" } else { "MISSED" }
+                );
+            }
+        }
+        for n in &self.notes {
+            let _ = writeln!(s, "note: {n}");
+        }
+        s
+    }
+
+    pub fn json(&self) -> Value {
+        json!({
+            "title": self.title,
+            "columns": self.columns,
+            "rows": self.rows.iter().map(|r| json!({
+                "name": r.name, "unit": r.unit, "lower_is_better": r.lower_is_better,
+                "values": r.values.iter().map(|(k, v)| (k.clone(), if v.is_finite() { json!(v) } else { Value::Null })).collect::<serde_json::Map<_, _>>(),
+            })).collect::<Vec<_>>(),
+            "targets": self.targets.iter().map(|(w, r, t, m)| json!({"what": w, "ratio": r, "target": t, "met": m})).collect::<Vec<_>>(),
+            "notes": self.notes,
+        })
+    }
+}
