@@ -67,8 +67,7 @@ fn pwfs_side(fs: &Fs, o: &Opts, s: &Sizes) -> R<Vec<(&'static str, f64)>> {
             .open(fs, "/seq")
             .map_err(err("create"))?;
         for i in 0..s.pages * PAGE / s.chunk as u64 {
-            f.write_at(&data, i * s.chunk as u64)
-                .map_err(err("write"))?;
+            f.write_at(&data, i * s.chunk as u64).map_err(err("write"))?;
         }
         f.sync_all().map_err(err("fsync"))?;
         wr.push((s.pages * PAGE) as f64 / MIB as f64 / t.elapsed().as_secs_f64());
@@ -76,16 +75,11 @@ fn pwfs_side(fs: &Fs, o: &Opts, s: &Sizes) -> R<Vec<(&'static str, f64)>> {
         let mut buf = vec![0u8; s.chunk];
         let t = Instant::now();
         for i in 0..s.pages * PAGE / s.chunk as u64 {
-            f.read_at(&mut buf, i * s.chunk as u64)
-                .map_err(err("read"))?;
+            f.read_at(&mut buf, i * s.chunk as u64).map_err(err("read"))?;
         }
         rd.push((s.pages * PAGE) as f64 / MIB as f64 / t.elapsed().as_secs_f64());
     }
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(fs, "/seq")
-        .map_err(err("open"))?;
+    let f = OpenOptions::new().read(true).write(true).open(fs, "/seq").map_err(err("open"))?;
     fs.evict_cache().map_err(err("evict"))?;
     let mut buf = vec![0u8; PAGE as usize];
     let mut cold = Vec::new();
@@ -135,16 +129,14 @@ fn kernel_side(path: &Path, direct: bool, o: &Opts, s: &Sizes) -> R<Vec<(&'stati
         let f = KFile::open(path, direct, true).map_err(err("open"))?;
         let t = Instant::now();
         for i in 0..s.pages * PAGE / s.chunk as u64 {
-            f.pwrite(&chunk, i * s.chunk as u64)
-                .map_err(err("pwrite"))?;
+            f.pwrite(&chunk, i * s.chunk as u64).map_err(err("pwrite"))?;
         }
         f.fsync().map_err(err("fsync"))?;
         wr.push((s.pages * PAGE) as f64 / MIB as f64 / t.elapsed().as_secs_f64());
         f.drop_cache();
         let t = Instant::now();
         for i in 0..s.pages * PAGE / s.chunk as u64 {
-            f.pread(&mut chunk, i * s.chunk as u64)
-                .map_err(err("pread"))?;
+            f.pread(&mut chunk, i * s.chunk as u64).map_err(err("pread"))?;
         }
         rd.push((s.pages * PAGE) as f64 / MIB as f64 / t.elapsed().as_secs_f64());
     }
@@ -193,14 +185,8 @@ fn kernel_side(path: &Path, direct: bool, o: &Opts, s: &Sizes) -> R<Vec<(&'stati
 
 /// io_uring O_DIRECT straight on the image: the floor for reads.
 fn raw_side(image: &Path, data_start: u64, o: &Opts, s: &Sizes) -> R<Vec<(&'static str, f64)>> {
-    let dev = UringDevice::open(
-        image,
-        &UringOptions {
-            arena_bytes: 4 * MIB as usize,
-            ..Default::default()
-        },
-    )
-    .map_err(err("open image"))?;
+    let dev = UringDevice::open(image, &UringOptions { arena_bytes: 4 * MIB as usize, ..Default::default() })
+        .map_err(err("open image"))?;
     let base = data_start * PAGE;
     let mut cold = Vec::new();
     for p in shuffled_pages(s.pages, o.ops, o.seed + 3) {
@@ -227,17 +213,11 @@ fn raw_side(image: &Path, data_start: u64, o: &Opts, s: &Sizes) -> R<Vec<(&'stat
 
 pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
     std::fs::create_dir_all(&o.dir).map_err(err("create bench dir"))?;
-    let s = Sizes {
-        pages: o.file_mib * MIB / PAGE,
-        chunk: MIB as usize,
-    };
+    let s = Sizes { pages: o.file_mib * MIB / PAGE, chunk: MIB as usize };
     let image = o.dir.join("basic.img");
     progress("preparing the image");
     make_image(&image, (2 * o.file_mib + 64) * MIB)?;
-    let config = Config {
-        cache_bytes: CACHE_BYTES,
-        ..Default::default()
-    };
+    let config = Config { cache_bytes: CACHE_BYTES, ..Default::default() };
     let fs = pwfs::mount_image(&image, config).map_err(err("mount"))?;
     let data_start = fs.superblock().data_start;
     progress("pwfs");
@@ -256,8 +236,7 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
         let _ = std::fs::remove_file(f);
     }
 
-    let get =
-        |v: &[(&str, f64)], k: &str| v.iter().find(|x| x.0 == k).map(|x| x.1).unwrap_or(f64::NAN);
+    let get = |v: &[(&str, f64)], k: &str| v.iter().find(|x| x.0 == k).map(|x| x.1).unwrap_or(f64::NAN);
     let mut r = Report {
         title: format!(
             "pwfs bench basic: {} MiB file, {} random ops, median of {} runs (pwfs cache {} MiB)",
@@ -266,17 +245,11 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
             o.runs,
             CACHE_BYTES / MIB
         ),
-        columns: ["pwfs", "ext4-buffered", "ext4-direct", "raw-uring"]
-            .map(String::from)
-            .to_vec(),
+        columns: ["pwfs", "ext4-buffered", "ext4-direct", "raw-uring"].map(String::from).to_vec(),
         ..Default::default()
     };
     let cols = |k: &str, with_raw: bool| {
-        let mut v = vec![
-            ("pwfs", get(&p, k)),
-            ("ext4-buffered", get(&kb, k)),
-            ("ext4-direct", get(&kd, k)),
-        ];
+        let mut v = vec![("pwfs", get(&p, k)), ("ext4-buffered", get(&kb, k)), ("ext4-direct", get(&kd, k))];
         if with_raw {
             v.push(("raw-uring", get(&raw, k)));
         }
@@ -288,39 +261,10 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
     r.row("4K write+fsync p99", "us", true, &cols("wf99", false));
     r.row("seq write 1M + fsync", "MB/s", false, &cols("seqw", false));
     r.row("seq read 1M cold", "MB/s", false, &cols("seqr", true));
-    r.row(
-        "warm 4K read p50",
-        "us",
-        true,
-        &[
-            ("pwfs", get(&p, "warm50")),
-            ("ext4-buffered", get(&kb, "warm50")),
-        ],
-    );
-    r.target(
-        "cold 4K read latency vs the device",
-        "cold 4K randread p50",
-        "pwfs",
-        "raw-uring",
-        Some(1.5),
-        None,
-    );
-    r.target(
-        "sequential write vs kernel O_DIRECT",
-        "seq write 1M + fsync",
-        "pwfs",
-        "ext4-direct",
-        None,
-        Some(0.8),
-    );
-    r.target(
-        "sequential read vs kernel O_DIRECT",
-        "seq read 1M cold",
-        "pwfs",
-        "ext4-direct",
-        None,
-        Some(0.8),
-    );
+    r.row("warm 4K read p50", "us", true, &[("pwfs", get(&p, "warm50")), ("ext4-buffered", get(&kb, "warm50"))]);
+    r.target("cold 4K read latency vs the device", "cold 4K randread p50", "pwfs", "raw-uring", Some(1.5), None);
+    r.target("sequential write vs kernel O_DIRECT", "seq write 1M + fsync", "pwfs", "ext4-direct", None, Some(0.8));
+    r.target("sequential read vs kernel O_DIRECT", "seq read 1M cold", "pwfs", "ext4-direct", None, Some(0.8));
     r.notes.push(format!(
         "pwfs journal over the run: {} commits, {} blocks logged, {} checkpoints",
         js.commits, js.blocks_logged, js.checkpoints

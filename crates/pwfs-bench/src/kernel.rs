@@ -18,10 +18,7 @@ fn check(n: isize, want: usize) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     if n as usize != want {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            format!("short transfer: {n} of {want}"),
-        ));
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("short transfer: {n} of {want}")));
     }
     Ok(())
 }
@@ -33,35 +30,18 @@ impl KFile {
         if direct {
             o.custom_flags(libc::O_DIRECT);
         }
-        Ok(KFile {
-            file: o.open(path)?,
-            direct,
-        })
+        Ok(KFile { file: o.open(path)?, direct })
     }
 
     pub fn pread(&self, buf: &mut AlignedBuf, off: u64) -> io::Result<()> {
         // SAFETY: buf is valid for its length.
-        let n = unsafe {
-            libc::pread(
-                self.file.as_raw_fd(),
-                buf.as_mut_ptr() as *mut _,
-                buf.len(),
-                off as i64,
-            )
-        };
+        let n = unsafe { libc::pread(self.file.as_raw_fd(), buf.as_mut_ptr() as *mut _, buf.len(), off as i64) };
         check(n, buf.len())
     }
 
     pub fn pwrite(&self, buf: &AlignedBuf, off: u64) -> io::Result<()> {
         // SAFETY: buf is valid for its length.
-        let n = unsafe {
-            libc::pwrite(
-                self.file.as_raw_fd(),
-                buf.as_ptr() as *const _,
-                buf.len(),
-                off as i64,
-            )
-        };
+        let n = unsafe { libc::pwrite(self.file.as_raw_fd(), buf.as_ptr() as *const _, buf.len(), off as i64) };
         check(n, buf.len())
     }
 

@@ -31,33 +31,15 @@ pub struct Opts {
 impl Opts {
     /// Full size: a file larger than the default cache, thousands of samples.
     pub fn full(dir: PathBuf) -> Opts {
-        Opts {
-            dir,
-            file_mib: 1024,
-            ops: 4000,
-            runs: 3,
-            seed: 42,
-        }
+        Opts { dir, file_mib: 1024, ops: 4000, runs: 3, seed: 42 }
     }
     /// `--quick`: the README's first run; a minute or so.
     pub fn quick(dir: PathBuf) -> Opts {
-        Opts {
-            dir,
-            file_mib: 256,
-            ops: 2000,
-            runs: 3,
-            seed: 42,
-        }
+        Opts { dir, file_mib: 256, ops: 2000, runs: 3, seed: 42 }
     }
     /// `--smoke`: seconds; CI runs it so the benchmarks cannot rot.
     pub fn smoke(dir: PathBuf) -> Opts {
-        Opts {
-            dir,
-            file_mib: 16,
-            ops: 100,
-            runs: 1,
-            seed: 42,
-        }
+        Opts { dir, file_mib: 16, ops: 100, runs: 1, seed: 42 }
     }
 }
 

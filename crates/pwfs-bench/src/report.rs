@@ -24,13 +24,7 @@ pub struct Report {
 }
 
 impl Report {
-    pub fn row(
-        &mut self,
-        name: &str,
-        unit: &'static str,
-        lower_is_better: bool,
-        values: &[(&str, f64)],
-    ) {
+    pub fn row(&mut self, name: &str, unit: &'static str, lower_is_better: bool, values: &[(&str, f64)]) {
         self.rows.push(Row {
             name: name.to_string(),
             unit,
@@ -40,32 +34,18 @@ impl Report {
     }
 
     pub fn value(&self, row: &str, col: &str) -> f64 {
-        self.rows
-            .iter()
-            .find(|r| r.name == row)
-            .and_then(|r| r.values.get(col))
-            .copied()
-            .unwrap_or(f64::NAN)
+        self.rows.iter().find(|r| r.name == row).and_then(|r| r.values.get(col)).copied().unwrap_or(f64::NAN)
     }
 
     /// Record a target on the ratio `a/b` of two cells.
-    pub fn target(
-        &mut self,
-        what: &str,
-        row: &str,
-        a: &str,
-        b: &str,
-        at_most: Option<f64>,
-        at_least: Option<f64>,
-    ) {
+    pub fn target(&mut self, what: &str, row: &str, a: &str, b: &str, at_most: Option<f64>, at_least: Option<f64>) {
         let ratio = self.value(row, a) / self.value(row, b);
         let (met, text) = match (at_most, at_least) {
             (Some(m), _) => (ratio <= m, format!("<= {m}")),
             (_, Some(l)) => (ratio >= l, format!(">= {l}")),
             _ => (true, String::new()),
         };
-        self.targets
-            .push((format!("{what} ({row}: {a}/{b})"), ratio, text, met));
+        self.targets.push((format!("{what} ({row}: {a}/{b})"), ratio, text, met));
     }
 
     pub fn table(&self) -> String {
@@ -88,12 +68,7 @@ impl Report {
                     }
                 }
             }
-            let kernel: Vec<f64> = r
-                .values
-                .iter()
-                .filter(|(k, _)| k.starts_with("ext4"))
-                .map(|(_, v)| *v)
-                .collect();
+            let kernel: Vec<f64> = r.values.iter().filter(|(k, _)| k.starts_with("ext4")).map(|(_, v)| *v).collect();
             let best = if r.lower_is_better {
                 kernel.iter().copied().fold(f64::INFINITY, f64::min)
             } else {
@@ -111,11 +86,7 @@ impl Report {
         if !self.targets.is_empty() {
             let _ = writeln!(s, "\ntargets:");
             for (what, ratio, target, met) in &self.targets {
-                let _ = writeln!(
-                    s,
-                    "  [{}] {what}: {ratio:.2} (target {target})",
-                    if *met { "met" } else { "MISSED" }
-                );
+                let _ = writeln!(s, "  [{}] {what}: {ratio:.2} (target {target})", if *met { "met" } else { "MISSED" });
             }
         }
         for n in &self.notes {

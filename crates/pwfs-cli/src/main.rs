@@ -6,11 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(
-    name = "pwfs",
-    version,
-    about = "Patchwork: a user-space file system and I/O stack"
-)]
+#[command(name = "pwfs", version, about = "Patchwork: a user-space file system and I/O stack")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -69,11 +65,8 @@ fn parse_size(s: &str) -> Result<u64, String> {
         Some('T') => (&s[..s.len() - 1], 1 << 40),
         _ => (s, 1),
     };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("not a size: {s:?} (try 64M or 1G)"))?;
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("size too large: {s}"))
+    let n: u64 = num.parse().map_err(|_| format!("not a size: {s:?} (try 64M or 1G)"))?;
+    n.checked_mul(mult).ok_or_else(|| format!("size too large: {s}"))
 }
 
 fn main() -> ExitCode {
@@ -89,27 +82,14 @@ fn main() -> ExitCode {
 
 fn run(cmd: Cmd) -> Result<ExitCode, String> {
     match cmd {
-        Cmd::Mkfs {
-            image,
-            size,
-            inodes,
-            journal_blocks,
-        } => {
-            let opts = MkfsOptions {
-                inodes,
-                journal_blocks,
-            };
+        Cmd::Mkfs { image, size, inodes, journal_blocks } => {
+            let opts = MkfsOptions { inodes, journal_blocks };
             let size = match size {
                 Some(s) => s,
                 None => match std::fs::metadata(&image) {
                     Ok(m) if m.file_type().is_file() && m.len() > 0 => m.len(),
                     Ok(m) if !m.file_type().is_file() => block_device_size(&image)?,
-                    _ => {
-                        return Err(format!(
-                            "{}: no such image; give --size to create one",
-                            image.display()
-                        ))
-                    }
+                    _ => return Err(format!("{}: no such image; give --size to create one", image.display())),
                 },
             };
             let sb = pwfs::mkfs_image(&image, size, &opts).map_err(|e| e.to_string())?;
@@ -125,14 +105,8 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Fsck { image } => {
-            let dev = pwfs::open_device(
-                &image,
-                &Config {
-                    cache_bytes: 1 << 20,
-                    ..Default::default()
-                },
-            )
-            .map_err(|e| e.to_string())?;
+            let dev = pwfs::open_device(&image, &Config { cache_bytes: 1 << 20, ..Default::default() })
+                .map_err(|e| e.to_string())?;
             let r = pwfs::fsck::check(&*dev).map_err(|e| format!("{}: {e}", image.display()))?;
             for n in &r.notes {
                 println!("note: {n}");
@@ -147,41 +121,21 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
                 r.files,
                 r.directories,
                 r.blocks_used,
-                if r.is_clean() {
-                    "clean".to_string()
-                } else {
-                    format!("{} problem(s)", r.errors.len())
-                }
+                if r.is_clean() { "clean".to_string() } else { format!("{} problem(s)", r.errors.len()) }
             );
-            Ok(if r.is_clean() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            })
+            Ok(if r.is_clean() { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
         Cmd::Info { image } => {
-            let config = Config {
-                read_only: true,
-                check_on_mount: false,
-                writeback_interval: None,
-                ..Default::default()
-            };
+            let config =
+                Config { read_only: true, check_on_mount: false, writeback_interval: None, ..Default::default() };
             let fs = pwfs::mount_image(&image, config).map_err(|e| e.to_string())?;
             let sb = fs.superblock().clone();
             let st = fs.statfs();
             println!("image:          {}", image.display());
             println!("format version: {}", sb.version);
             println!("uuid:           {}", hex(&sb.uuid));
-            println!(
-                "size:           {} blocks of 4 KiB ({} MiB)",
-                sb.total_blocks,
-                sb.total_blocks * 4096 >> 20
-            );
-            println!(
-                "journal:        blocks {}..{}",
-                sb.journal_start,
-                sb.journal_start + sb.journal_blocks
-            );
+            println!("size:           {} blocks of 4 KiB ({} MiB)", sb.total_blocks, sb.total_blocks * 4096 >> 20);
+            println!("journal:        blocks {}..{}", sb.journal_start, sb.journal_start + sb.journal_blocks);
             println!(
                 "inode bitmap:   blocks {}..{}",
                 sb.inode_bitmap_start,
@@ -192,10 +146,7 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
                 sb.block_bitmap_start,
                 sb.block_bitmap_start + sb.block_bitmap_blocks
             );
-            println!(
-                "inode table:    blocks {}..{}",
-                sb.inode_table_start, sb.data_start
-            );
+            println!("inode table:    blocks {}..{}", sb.inode_table_start, sb.data_start);
             println!("data:           blocks {}..{}", sb.data_start, sb.data_end);
             println!(
                 "usage:          {} of {} data blocks used ({:.1}%), {} of {} inodes used",
@@ -207,13 +158,7 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Bench {
-            workload: Workload::Basic,
-            quick,
-            smoke,
-            dir,
-            json,
-        } => {
+        Cmd::Bench { workload: Workload::Basic, quick, smoke, dir, json } => {
             let opts = if smoke {
                 pwfs_bench::Opts::smoke(dir.clone())
             } else if quick {
@@ -224,8 +169,7 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             let r = pwfs_bench::basic::run(&opts, &mut |s| eprintln!("bench basic: {s}..."))?;
             print!("{}", r.table());
             let json = json.unwrap_or_else(|| dir.join("basic.json"));
-            std::fs::write(&json, serde_json_pretty(&r))
-                .map_err(|e| format!("{}: {e}", json.display()))?;
+            std::fs::write(&json, serde_json_pretty(&r)).map_err(|e| format!("{}: {e}", json.display()))?;
             println!("JSON record: {}", json.display());
             Ok(ExitCode::SUCCESS)
         }
@@ -243,8 +187,7 @@ fn hex(b: &[u8]) -> String {
 fn block_device_size(path: &PathBuf) -> Result<u64, String> {
     use std::io::Seek;
     let mut f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    f.seek(std::io::SeekFrom::End(0))
-        .map_err(|e| format!("{}: {e}", path.display()))
+    f.seek(std::io::SeekFrom::End(0)).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 #[cfg(test)]

@@ -22,14 +22,7 @@ pub struct Allocator {
 impl Allocator {
     /// An allocator for blocks `base..base+len`, all free.
     pub fn new(base: u64, len: u64) -> Allocator {
-        Allocator {
-            base,
-            len,
-            words: vec![0; len.div_ceil(64) as usize],
-            free: len,
-            pending: Vec::new(),
-            hint: 0,
-        }
+        Allocator { base, len, words: vec![0; len.div_ceil(64) as usize], free: len, pending: Vec::new(), hint: 0 }
     }
 
     pub fn free_blocks(&self) -> u64 {
@@ -104,10 +97,7 @@ impl Allocator {
 
     /// Free a run; it becomes allocatable after `release_pending`.
     pub fn free(&mut self, block: u64, count: u64) {
-        assert!(
-            block >= self.base && block + count <= self.base + self.len,
-            "free of a block outside the data area"
-        );
+        assert!(block >= self.base && block + count <= self.base + self.len, "free of a block outside the data area");
         for b in block..block + count {
             assert!(self.get(b - self.base), "double free of block {b}");
         }
@@ -138,26 +128,14 @@ mod tests {
     fn contiguous_runs_and_delayed_reuse() {
         let mut a = Allocator::new(100, 200);
         assert_eq!(a.alloc(50, None), Some((100, 50)));
-        assert_eq!(
-            a.alloc(10, Some(120)),
-            Some((150, 10)),
-            "goal inside a used run moves on"
-        );
+        assert_eq!(a.alloc(10, Some(120)), Some((150, 10)), "goal inside a used run moves on");
         a.free(110, 5);
         assert_eq!(a.free_blocks(), 140);
-        assert_eq!(
-            a.alloc(5, Some(110)),
-            Some((160, 5)),
-            "freed blocks are not reused before commit"
-        );
+        assert_eq!(a.alloc(5, Some(110)), Some((160, 5)), "freed blocks are not reused before commit");
         let p = a.take_pending();
         a.release(p);
         assert_eq!(a.alloc(5, Some(110)), Some((110, 5)));
-        assert_eq!(
-            a.alloc(1000, None),
-            Some((165, 135)),
-            "a run stops at the end of the area"
-        );
+        assert_eq!(a.alloc(1000, None), Some((165, 135)), "a run stops at the end of the area");
         assert_eq!(a.free_blocks(), 0);
         a.free(120, 10);
         a.free(200, 7);
@@ -167,10 +145,7 @@ mod tests {
         while let Some((_, n)) = a.alloc(4, None) {
             total += n;
         }
-        assert_eq!(
-            total, 17,
-            "every freed block is found again, around the end of the area"
-        );
+        assert_eq!(total, 17, "every freed block is found again, around the end of the area");
         assert_eq!(a.alloc(1, None), None);
     }
 

@@ -50,7 +50,7 @@ pub enum PageState {
     Outdated,
     UpToDate,
     Dirty,
-    /// A copy is being written; a write to the page makes it Dirty again.
+    /// Its buffer is being written; readers and writers wait for the write.
     Writeback,
 }
 
@@ -64,10 +64,7 @@ pub struct PageData {
 
 impl PageData {
     pub fn readable(&self) -> bool {
-        matches!(
-            self.state,
-            PageState::UpToDate | PageState::Dirty | PageState::Writeback
-        )
+        self.buf.is_some() && matches!(self.state, PageState::UpToDate | PageState::Dirty)
     }
     pub fn data(&self) -> &[u8] {
         self.buf.as_deref().expect("readable page has a buffer")
@@ -86,17 +83,39 @@ pub struct Page {
 
 impl Page {
     pub fn lock(&self) -> MutexGuard<'_, PageData> {
-        self.referenced.store(true, Ordering::Relaxed);
         self.data.lock()
     }
 
-    /// Wait until the page is readable or its fetch failed.
+    /// Wait until the page is readable (its fetch or write-back is done) or its
+    /// fetch failed.
     pub fn wait(&self) -> MutexGuard<'_, PageData> {
         let mut g = self.lock();
-        while matches!(g.state, PageState::Fetching | PageState::Absent) && !g.failed {
+        while g.buf.is_none() && !g.failed {
             self.cond.wait(&mut g);
         }
         g
+    }
+
+    /// Lend the buffer of a dirty page to write-back (no copy): until
+    /// `end_writeback`, readers and writers of the page wait.
+    pub fn begin_writeback(&self) -> Option<AlignedBuf> {
+        let mut g = self.lock();
+        if g.state != PageState::Dirty {
+            return None;
+        }
+        g.state = PageState::Writeback;
+        g.buf.take()
+    }
+
+    /// The write is done (or was not needed): the page is clean and readable again.
+    pub fn end_writeback(&self, buf: AlignedBuf) {
+        let mut g = self.lock();
+        g.buf = Some(buf);
+        if g.state == PageState::Writeback {
+            g.state = PageState::UpToDate;
+        }
+        drop(g);
+        self.cond.notify_all();
     }
 
     /// The fetch is done: the page becomes readable and waiters wake.
@@ -130,11 +149,7 @@ pub struct PageCache {
 impl PageCache {
     pub fn new(capacity_pages: usize) -> PageCache {
         PageCache {
-            map: Mutex::new(Map {
-                pages: KeyMap::default(),
-                clock: VecDeque::new(),
-                dirty: BTreeSet::new(),
-            }),
+            map: Mutex::new(Map { pages: KeyMap::default(), clock: VecDeque::new(), dirty: BTreeSet::new() }),
             capacity: capacity_pages.max(16),
             stats: CacheStats::default(),
         }
@@ -158,11 +173,10 @@ impl PageCache {
 
     pub fn get(&self, key: Key) -> Option<Arc<Page>> {
         let p = self.map.lock().pages.get(&key).cloned();
-        let c = if p.is_some() {
-            &self.stats.hits
-        } else {
-            &self.stats.misses
-        };
+        if let Some(p) = &p {
+            p.referenced.store(true, Ordering::Relaxed);
+        }
+        let c = if p.is_some() { &self.stats.hits } else { &self.stats.misses };
         c.fetch_add(1, Ordering::Relaxed);
         p
     }
@@ -170,9 +184,7 @@ impl PageCache {
     /// The page for `key`, inserting it in `Fetching` state if absent. The bool says
     /// whether this call inserted it (and so must fill it).
     pub fn get_or_insert(&self, key: Key) -> (Arc<Page>, bool) {
-        self.get_or_insert_range(key.0, key.1, 1)
-            .pop()
-            .expect("one page")
+        self.get_or_insert_range(key.0, key.1, 1).pop().expect("one page")
     }
 
     /// `get_or_insert` for `n` consecutive pages of `ino`, under one lock.
@@ -182,6 +194,9 @@ impl PageCache {
         for idx in first..first + n {
             let key = (ino, idx);
             if let Some(p) = m.pages.get(&key) {
+                // Referenced again after it came in: it gets a second chance in the
+                // CLOCK sweep. A page read once (streaming) does not, and goes first.
+                p.referenced.store(true, Ordering::Relaxed);
                 self.stats.hits.fetch_add(1, Ordering::Relaxed);
                 out.push((p.clone(), false));
                 continue;
@@ -192,13 +207,9 @@ impl PageCache {
             }
             let page = Arc::new(Page {
                 key,
-                data: Mutex::new(PageData {
-                    state: PageState::Fetching,
-                    buf: None,
-                    failed: false,
-                }),
+                data: Mutex::new(PageData { state: PageState::Fetching, buf: None, failed: false }),
                 cond: Condvar::new(),
-                referenced: AtomicBool::new(true),
+                referenced: AtomicBool::new(false),
             });
             m.pages.insert(key, page.clone());
             m.clock.push_back(key);
@@ -215,21 +226,14 @@ impl PageCache {
         }
         page.cond.notify_all();
         let mut m = self.map.lock();
-        if m.pages
-            .get(&page.key)
-            .is_some_and(|p| std::ptr::eq(&**p, page))
-        {
+        if m.pages.get(&page.key).is_some_and(|p| std::ptr::eq(&**p, page)) {
             m.pages.remove(&page.key);
         }
     }
 
     /// Whether this very page (not just its key) is still in the cache.
     pub fn holds(&self, page: &Arc<Page>) -> bool {
-        self.map
-            .lock()
-            .pages
-            .get(&page.key)
-            .is_some_and(|p| Arc::ptr_eq(p, page))
+        self.map.lock().pages.get(&page.key).is_some_and(|p| Arc::ptr_eq(p, page))
     }
 
     pub fn mark_dirty(&self, key: Key) {
@@ -240,20 +244,13 @@ impl PageCache {
     pub fn take_dirty(&self) -> Vec<Arc<Page>> {
         let mut m = self.map.lock();
         let keys = std::mem::take(&mut m.dirty);
-        keys.into_iter()
-            .filter_map(|k| m.pages.get(&k).cloned())
-            .collect()
+        keys.into_iter().filter_map(|k| m.pages.get(&k).cloned()).collect()
     }
 
     /// Forget every page of `ino` at or past page `from` (truncate, delete).
     pub fn drop_from(&self, ino: u64, from: u64) {
         let mut m = self.map.lock();
-        let keys: Vec<Key> = m
-            .pages
-            .keys()
-            .filter(|k| k.0 == ino && k.1 >= from)
-            .copied()
-            .collect();
+        let keys: Vec<Key> = m.pages.keys().filter(|k| k.0 == ino && k.1 >= from).copied().collect();
         for k in keys {
             m.pages.remove(&k);
             m.dirty.remove(&k);
@@ -267,9 +264,7 @@ impl PageCache {
         m.pages.retain(|k, p| {
             dirty.contains(k)
                 || Arc::strong_count(p) > 1
-                || p.data
-                    .try_lock()
-                    .is_none_or(|g| !matches!(g.state, PageState::UpToDate))
+                || p.data.try_lock().is_none_or(|g| !matches!(g.state, PageState::UpToDate))
         });
         let Map { pages, clock, .. } = &mut *m;
         clock.retain(|k| pages.contains_key(k));
@@ -286,9 +281,7 @@ impl PageCache {
             let Some(p) = m.pages.get(&k) else { continue };
             let clean = !m.dirty.contains(&k)
                 && Arc::strong_count(p) == 1
-                && p.data
-                    .try_lock()
-                    .is_some_and(|g| g.state == PageState::UpToDate);
+                && p.data.try_lock().is_some_and(|g| g.state == PageState::UpToDate);
             if !clean {
                 m.clock.push_back(k);
                 continue;

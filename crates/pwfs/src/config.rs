@@ -86,11 +86,7 @@ impl Default for Config {
 impl Config {
     /// Refuse settings for mechanisms this build does not have yet.
     pub fn validate(&self) -> crate::Result<()> {
-        let missing = |what: &str| {
-            Err(crate::Error::invalid(format!(
-                "{what} is not implemented yet"
-            )))
-        };
+        let missing = |what: &str| Err(crate::Error::invalid(format!("{what} is not implemented yet")));
         if self.fetch != FetchPolicy::Blocking {
             return missing("non-blocking fetch policies");
         }
@@ -110,9 +106,7 @@ impl Config {
             return Err(crate::Error::invalid("cache must hold at least 64 pages"));
         }
         if !(0.05..=0.95).contains(&self.dirty_ratio) {
-            return Err(crate::Error::invalid(
-                "dirty_ratio must be within 0.05..=0.95",
-            ));
+            return Err(crate::Error::invalid("dirty_ratio must be within 0.05..=0.95"));
         }
         Ok(())
     }

@@ -41,10 +41,7 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     pub fn new(kind: ErrorKind, detail: impl Into<String>) -> Error {
-        Error {
-            kind,
-            detail: detail.into(),
-        }
+        Error { kind, detail: detail.into() }
     }
 
     pub fn kind(&self) -> ErrorKind {
@@ -119,9 +116,6 @@ impl From<FormatError> for Error {
 
 impl From<Error> for std::io::Error {
     fn from(e: Error) -> std::io::Error {
-        std::io::Error::new(
-            std::io::Error::from_raw_os_error(e.errno()).kind(),
-            e.to_string(),
-        )
+        std::io::Error::new(std::io::Error::from_raw_os_error(e.errno()).kind(), e.to_string())
     }
 }

@@ -68,10 +68,7 @@ impl fmt::Display for FormatError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             FormatError::Magic { what } => write!(f, "{what}: bad magic number"),
-            FormatError::Version(v) => write!(
-                f,
-                "unsupported format version {v} (this build reads {VERSION})"
-            ),
+            FormatError::Version(v) => write!(f, "unsupported format version {v} (this build reads {VERSION})"),
             FormatError::Checksum { what } => write!(f, "{what}: checksum mismatch"),
             FormatError::Invalid { what } => write!(f, "{what}: invalid field"),
         }
@@ -198,35 +195,17 @@ impl Superblock {
             return bad("superblock table sizes");
         }
         let chain = [
-            (
-                self.journal_start,
-                self.journal_blocks,
-                self.inode_bitmap_start,
-            ),
-            (
-                self.inode_bitmap_start,
-                self.inode_bitmap_blocks,
-                self.block_bitmap_start,
-            ),
-            (
-                self.block_bitmap_start,
-                self.block_bitmap_blocks,
-                self.inode_table_start,
-            ),
-            (
-                self.inode_table_start,
-                self.inode_table_blocks,
-                self.data_start,
-            ),
+            (self.journal_start, self.journal_blocks, self.inode_bitmap_start),
+            (self.inode_bitmap_start, self.inode_bitmap_blocks, self.block_bitmap_start),
+            (self.block_bitmap_start, self.block_bitmap_blocks, self.inode_table_start),
+            (self.inode_table_start, self.inode_table_blocks, self.data_start),
         ];
         for (start, len, next) in chain {
             if start.checked_add(len) != Some(next) {
                 return bad("superblock region order");
             }
         }
-        if self.data_end != self.total_blocks.saturating_sub(1)
-            || self.data_start + 8 > self.data_end
-        {
+        if self.data_end != self.total_blocks.saturating_sub(1) || self.data_start + 8 > self.data_end {
             return bad("superblock data area");
         }
         Ok(())
@@ -276,9 +255,7 @@ impl Superblock {
             return Err(FormatError::Version(version));
         }
         if u32_at(b, 12) != BLOCK_SIZE as u32 {
-            return Err(FormatError::Invalid {
-                what: "superblock block size",
-            });
+            return Err(FormatError::Invalid { what: "superblock block size" });
         }
         let f = |i: usize| u64_at(b, 32 + i * 8);
         let sb = Superblock {
@@ -307,19 +284,13 @@ impl Superblock {
 
 /// Stamp the checksum of a bitmap block (`index` is its position in its bitmap).
 pub fn bitmap_seal(b: &mut [u8], index: u64) {
-    put32(
-        b,
-        BLOCK_SIZE - 4,
-        crc_skip(b, BLOCK_SIZE - 4, index as u32 ^ 0xb17b),
-    );
+    put32(b, BLOCK_SIZE - 4, crc_skip(b, BLOCK_SIZE - 4, index as u32 ^ 0xb17b));
 }
 
 pub fn bitmap_check(b: &[u8], index: u64) -> R<()> {
     need_block(b, "bitmap block")?;
     if u32_at(b, BLOCK_SIZE - 4) != crc_skip(b, BLOCK_SIZE - 4, index as u32 ^ 0xb17b) {
-        return Err(FormatError::Checksum {
-            what: "bitmap block",
-        });
+        return Err(FormatError::Checksum { what: "bitmap block" });
     }
     Ok(())
 }
@@ -345,11 +316,7 @@ impl Extent {
         put64(b, 8, self.physical);
     }
     fn decode(b: &[u8]) -> Extent {
-        Extent {
-            logical: u32_at(b, 0),
-            len: u32_at(b, 4),
-            physical: u64_at(b, 8),
-        }
+        Extent { logical: u32_at(b, 0), len: u32_at(b, 4), physical: u64_at(b, 8) }
     }
 }
 
@@ -448,18 +415,9 @@ impl DiskInode {
             nlink: u32_at(b, 12),
             size: u64_at(b, 16),
             blocks: u64_at(b, 24),
-            atime: Timespec {
-                sec: u64_at(b, 32) as i64,
-                nsec: u32_at(b, 40),
-            },
-            mtime: Timespec {
-                sec: u64_at(b, 48) as i64,
-                nsec: u32_at(b, 44),
-            },
-            ctime: Timespec {
-                sec: u64_at(b, 56) as i64,
-                nsec: u32_at(b, 64),
-            },
+            atime: Timespec { sec: u64_at(b, 32) as i64, nsec: u32_at(b, 40) },
+            mtime: Timespec { sec: u64_at(b, 48) as i64, nsec: u32_at(b, 44) },
+            ctime: Timespec { sec: u64_at(b, 56) as i64, nsec: u32_at(b, 64) },
             generation: u32_at(b, 68),
             flags: u32_at(b, 72),
             n_extents: u32_at(b, 76),
@@ -469,37 +427,23 @@ impl DiskInode {
             extents: Vec::new(),
             inline: Vec::new(),
         };
-        let valid_type = matches!(
-            d.mode & S_IFMT,
-            S_IFREG | S_IFDIR | S_IFLNK | S_IFIFO | S_IFCHR | S_IFBLK | S_IFSOCK
-        );
-        if !valid_type
-            || d.size > MAX_FILE_SIZE
-            || [d.atime, d.mtime, d.ctime]
-                .iter()
-                .any(|t| t.nsec >= 1_000_000_000)
+        let valid_type =
+            matches!(d.mode & S_IFMT, S_IFREG | S_IFDIR | S_IFLNK | S_IFIFO | S_IFCHR | S_IFBLK | S_IFSOCK);
+        if !valid_type || d.size > MAX_FILE_SIZE || [d.atime, d.mtime, d.ctime].iter().any(|t| t.nsec >= 1_000_000_000)
         {
-            return Err(FormatError::Invalid {
-                what: "inode fields",
-            });
+            return Err(FormatError::Invalid { what: "inode fields" });
         }
         if d.flags & INODE_FLAG_INLINE != 0 {
             if d.size as usize > INLINE_MAX || d.n_extents != 0 || d.ext_block != 0 {
-                return Err(FormatError::Invalid {
-                    what: "inode inline data",
-                });
+                return Err(FormatError::Invalid { what: "inode inline data" });
             }
             d.inline = b[INODE_AREA..INODE_AREA + d.size as usize].to_vec();
         } else {
             let n = (d.n_extents as usize).min(INLINE_EXTENTS);
             if (d.n_extents as usize > INLINE_EXTENTS) != (d.ext_block != 0) {
-                return Err(FormatError::Invalid {
-                    what: "inode extent chain",
-                });
+                return Err(FormatError::Invalid { what: "inode extent chain" });
             }
-            d.extents = (0..n)
-                .map(|i| Extent::decode(&b[INODE_AREA + i * 16..]))
-                .collect();
+            d.extents = (0..n).map(|i| Extent::decode(&b[INODE_AREA + i * 16..])).collect();
         }
         Ok(Some(d))
     }
@@ -531,27 +475,19 @@ impl ExtentBlock {
     pub fn decode(b: &[u8]) -> R<ExtentBlock> {
         need_block(b, "extent block")?;
         if u32_at(b, 0) != EXT_MAGIC {
-            return Err(FormatError::Magic {
-                what: "extent block",
-            });
+            return Err(FormatError::Magic { what: "extent block" });
         }
         if u32_at(b, 24) != crc_skip(b, 24, 0) {
-            return Err(FormatError::Checksum {
-                what: "extent block",
-            });
+            return Err(FormatError::Checksum { what: "extent block" });
         }
         let n = u32_at(b, 4) as usize;
         if n > EXTENTS_PER_BLOCK {
-            return Err(FormatError::Invalid {
-                what: "extent block count",
-            });
+            return Err(FormatError::Invalid { what: "extent block count" });
         }
         Ok(ExtentBlock {
             ino: u64_at(b, 8),
             next: u64_at(b, 16),
-            extents: (0..n)
-                .map(|i| Extent::decode(&b[EXT_HEADER + i * 16..]))
-                .collect(),
+            extents: (0..n).map(|i| Extent::decode(&b[EXT_HEADER + i * 16..])).collect(),
         })
     }
 }
@@ -603,19 +539,13 @@ pub fn dir_block_seal(b: &mut [u8]) {
 pub fn dir_block_decode(owner: u64, b: &[u8]) -> R<Vec<Option<Dirent>>> {
     need_block(b, "directory block")?;
     if u32_at(b, 0) != DIR_MAGIC {
-        return Err(FormatError::Magic {
-            what: "directory block",
-        });
+        return Err(FormatError::Magic { what: "directory block" });
     }
     if u32_at(b, 4) != crc_skip(b, 4, 0) {
-        return Err(FormatError::Checksum {
-            what: "directory block",
-        });
+        return Err(FormatError::Checksum { what: "directory block" });
     }
     if u64_at(b, 8) != owner {
-        return Err(FormatError::Invalid {
-            what: "directory block owner",
-        });
+        return Err(FormatError::Invalid { what: "directory block owner" });
     }
     let mut out = Vec::with_capacity(DIRENTS_PER_BLOCK);
     for i in 0..DIRENTS_PER_BLOCK {
@@ -627,22 +557,10 @@ pub fn dir_block_decode(owner: u64, b: &[u8]) -> R<Vec<Option<Dirent>>> {
         }
         let n = u16_at(b, at + 8) as usize;
         let name = &b[at + 12..at + 12 + n.min(DIRENT_SIZE - 12)];
-        if n == 0
-            || n > NAME_MAX
-            || name.contains(&b'/')
-            || name.contains(&0)
-            || name == b"."
-            || name == b".."
-        {
-            return Err(FormatError::Invalid {
-                what: "directory entry name",
-            });
+        if n == 0 || n > NAME_MAX || name.contains(&b'/') || name.contains(&0) || name == b"." || name == b".." {
+            return Err(FormatError::Invalid { what: "directory entry name" });
         }
-        out.push(Some(Dirent {
-            ino,
-            ftype: b[at + 10],
-            name: name.to_vec(),
-        }));
+        out.push(Some(Dirent { ino, ftype: b[at + 10], name: name.to_vec() }));
     }
     Ok(out)
 }
@@ -665,18 +583,12 @@ impl JournalHeader {
     pub fn decode(b: &[u8]) -> R<JournalHeader> {
         need_block(b, "journal header")?;
         if u32_at(b, 0) != JHEADER_MAGIC {
-            return Err(FormatError::Magic {
-                what: "journal header",
-            });
+            return Err(FormatError::Magic { what: "journal header" });
         }
         if u32_at(b, 4) != crc_skip(b, 4, 0) {
-            return Err(FormatError::Checksum {
-                what: "journal header",
-            });
+            return Err(FormatError::Checksum { what: "journal header" });
         }
-        Ok(JournalHeader {
-            start_seq: u64_at(b, 8),
-        })
+        Ok(JournalHeader { start_seq: u64_at(b, 8) })
     }
 }
 
@@ -704,28 +616,18 @@ impl JournalDesc {
     pub fn decode(b: &[u8]) -> R<JournalDesc> {
         need_block(b, "journal descriptor")?;
         if u32_at(b, 0) != JDESC_MAGIC {
-            return Err(FormatError::Magic {
-                what: "journal descriptor",
-            });
+            return Err(FormatError::Magic { what: "journal descriptor" });
         }
         let seq = u64_at(b, 8);
         if u32_at(b, 4) != crc_skip(b, 4, seq as u32) {
-            return Err(FormatError::Checksum {
-                what: "journal descriptor",
-            });
+            return Err(FormatError::Checksum { what: "journal descriptor" });
         }
         let (nt, nr) = (u32_at(b, 16) as usize, u32_at(b, 20) as usize);
         if nt + nr > JDESC_ENTRIES {
-            return Err(FormatError::Invalid {
-                what: "journal descriptor counts",
-            });
+            return Err(FormatError::Invalid { what: "journal descriptor counts" });
         }
         let e = |i: usize| u64_at(b, JDESC_HEADER + i * 8);
-        Ok(JournalDesc {
-            seq,
-            tags: (0..nt).map(e).collect(),
-            revokes: (nt..nt + nr).map(e).collect(),
-        })
+        Ok(JournalDesc { seq, tags: (0..nt).map(e).collect(), revokes: (nt..nt + nr).map(e).collect() })
     }
 }
 
@@ -756,21 +658,15 @@ impl JournalCommit {
     pub fn decode(b: &[u8]) -> R<JournalCommit> {
         need_block(b, "journal commit")?;
         if u32_at(b, 0) != JCOMMIT_MAGIC {
-            return Err(FormatError::Magic {
-                what: "journal commit",
-            });
+            return Err(FormatError::Magic { what: "journal commit" });
         }
         let seq = u64_at(b, 8);
         if u32_at(b, 4) != crc_skip(b, 4, seq as u32) {
-            return Err(FormatError::Checksum {
-                what: "journal commit",
-            });
+            return Err(FormatError::Checksum { what: "journal commit" });
         }
         let n = u32_at(b, 28) as usize;
         if n > JCOMMIT_EXTRA_MAX {
-            return Err(FormatError::Invalid {
-                what: "journal commit extra length",
-            });
+            return Err(FormatError::Invalid { what: "journal commit extra length" });
         }
         Ok(JournalCommit {
             seq,
@@ -798,17 +694,11 @@ mod tests {
         s.encode(&mut b);
         assert_eq!(Superblock::decode(&b).unwrap(), s);
         b[100] ^= 1;
-        assert_eq!(
-            Superblock::decode(&b),
-            Err(FormatError::Checksum { what: "superblock" })
-        );
+        assert_eq!(Superblock::decode(&b), Err(FormatError::Checksum { what: "superblock" }));
         let mut b = vec![0; BLOCK_SIZE];
         s.encode(&mut b);
         b[0] ^= 1;
-        assert!(matches!(
-            Superblock::decode(&b),
-            Err(FormatError::Magic { .. })
-        ));
+        assert!(matches!(Superblock::decode(&b), Err(FormatError::Magic { .. })));
         let mut bad = s.clone();
         bad.version = 2;
         bad.encode(&mut b);
@@ -816,10 +706,7 @@ mod tests {
         let mut bad = s.clone();
         bad.data_start += 1;
         bad.encode(&mut b);
-        assert!(matches!(
-            Superblock::decode(&b),
-            Err(FormatError::Invalid { .. })
-        ));
+        assert!(matches!(Superblock::decode(&b), Err(FormatError::Invalid { .. })));
         assert!(Superblock::decode(&b[..100]).is_err());
     }
 
@@ -832,14 +719,8 @@ mod tests {
             nlink: 1,
             size: 1 << 20,
             blocks: 256,
-            atime: Timespec {
-                sec: -5,
-                nsec: 999_999_999,
-            },
-            mtime: Timespec {
-                sec: 1 << 40,
-                nsec: 1,
-            },
+            atime: Timespec { sec: -5, nsec: 999_999_999 },
+            mtime: Timespec { sec: 1 << 40, nsec: 1 },
             ctime: Timespec { sec: 3, nsec: 4 },
             generation: 9,
             flags: 0,
@@ -848,26 +729,15 @@ mod tests {
             rdev: 0,
             ext_block: 0,
             extents: vec![
-                Extent {
-                    logical: 0,
-                    len: 128,
-                    physical: 1000,
-                },
-                Extent {
-                    logical: 128,
-                    len: 128,
-                    physical: 5000,
-                },
+                Extent { logical: 0, len: 128, physical: 1000 },
+                Extent { logical: 128, len: 128, physical: 5000 },
             ],
             inline: vec![],
         };
         let mut b = vec![0; INODE_SIZE];
         d.encode(42, &mut b);
         assert_eq!(DiskInode::decode(42, &b).unwrap(), Some(d.clone()));
-        assert!(
-            DiskInode::decode(43, &b).is_err(),
-            "checksum is seeded by inode number"
-        );
+        assert!(DiskInode::decode(43, &b).is_err(), "checksum is seeded by inode number");
         d.mode = S_IFLNK | 0o777;
         d.flags = INODE_FLAG_INLINE;
         d.extents.clear();
@@ -885,40 +755,19 @@ mod tests {
         let e = ExtentBlock {
             ino: 5,
             next: 77,
-            extents: vec![
-                Extent {
-                    logical: 9,
-                    len: 1,
-                    physical: 3
-                };
-                EXTENTS_PER_BLOCK
-            ],
+            extents: vec![Extent { logical: 9, len: 1, physical: 3 }; EXTENTS_PER_BLOCK],
         };
         e.encode(&mut b);
         assert_eq!(ExtentBlock::decode(&b).unwrap(), e);
         let mut slots = vec![None; DIRENTS_PER_BLOCK];
-        slots[3] = Some(Dirent {
-            ino: 12,
-            ftype: 1,
-            name: vec![b'x'; NAME_MAX],
-        });
+        slots[3] = Some(Dirent { ino: 12, ftype: 1, name: vec![b'x'; NAME_MAX] });
         dir_block_encode(2, &slots, &mut b);
         assert_eq!(dir_block_decode(2, &b).unwrap(), slots);
         assert!(dir_block_decode(3, &b).is_err(), "owner is checked");
-        let d = JournalDesc {
-            seq: 8,
-            tags: vec![1, 2, 3],
-            revokes: vec![4],
-        };
+        let d = JournalDesc { seq: 8, tags: vec![1, 2, 3], revokes: vec![4] };
         d.encode(&mut b);
         assert_eq!(JournalDesc::decode(&b).unwrap(), d);
-        let c = JournalCommit {
-            seq: 8,
-            n_desc: 1,
-            n_images: 3,
-            body_crc: 0xdead,
-            extra: vec![1, 2],
-        };
+        let c = JournalCommit { seq: 8, n_desc: 1, n_images: 3, body_crc: 0xdead, extra: vec![1, 2] };
         c.encode(&mut b);
         assert_eq!(JournalCommit::decode(&b).unwrap(), c);
         let h = JournalHeader { start_seq: 99 };

@@ -65,17 +65,11 @@ pub fn check(dev: &dyn Device) -> Result<Report> {
         }
     };
     if used_backup {
-        err(
-            &mut r,
-            "primary superblock is damaged (the backup is intact)".into(),
-        );
+        err(&mut r, "primary superblock is damaged (the backup is intact)".into());
     } else {
         let total = dev.len() / BLOCK;
         let (b, res) = dev.read((total - 1) * BLOCK, dev.alloc(BLOCK_SIZE));
-        match res
-            .map_err(|e| e.to_string())
-            .and_then(|_| Superblock::decode(&b).map_err(|e| e.to_string()))
-        {
+        match res.map_err(|e| e.to_string()).and_then(|_| Superblock::decode(&b).map_err(|e| e.to_string())) {
             Ok(backup) if backup == sb => {}
             Ok(_) => err(&mut r, "backup superblock differs from the primary".into()),
             Err(e) => err(&mut r, format!("backup superblock: {e}")),
@@ -95,10 +89,7 @@ pub fn check(dev: &dyn Device) -> Result<Report> {
             scan.transactions.len()
         ));
     }
-    let rd = Reader {
-        dev,
-        overlay: journal::plan(&scan),
-    };
+    let rd = Reader { dev, overlay: journal::plan(&scan) };
 
     // Bitmaps.
     let mut bbits = vec![false; sb.total_blocks as usize];
@@ -120,10 +111,7 @@ pub fn check(dev: &dyn Device) -> Result<Report> {
     }
     for blk in (0..sb.data_start).chain(sb.data_end..sb.total_blocks) {
         if !bbits[blk as usize] {
-            err(
-                &mut r,
-                format!("block {blk} holds fixed metadata but is marked free"),
-            );
+            err(&mut r, format!("block {blk} holds fixed metadata but is marked free"));
         }
     }
     let mut ibits = vec![false; sb.inode_count as usize];
@@ -160,22 +148,13 @@ pub fn check(dev: &dyn Device) -> Result<Report> {
             let slot = &b[(k as usize) * f::INODE_SIZE..(k as usize + 1) * f::INODE_SIZE];
             let used = ibits[(ino - 1) as usize];
             match DiskInode::decode(ino, slot) {
-                Ok(None) if used => err(
-                    &mut r,
-                    format!("inode {ino} is marked in use but its slot is empty"),
-                ),
+                Ok(None) if used => err(&mut r, format!("inode {ino} is marked in use but its slot is empty")),
                 Ok(None) => {}
-                Ok(Some(_)) if !used => err(
-                    &mut r,
-                    format!("inode {ino} has contents but is marked free"),
-                ),
+                Ok(Some(_)) if !used => err(&mut r, format!("inode {ino} has contents but is marked free")),
                 Ok(Some(d)) => {
                     let mut claim = |r: &mut Report, blk: u64, what: &str| {
                         if blk < sb.data_start || blk >= sb.data_end {
-                            err(
-                                r,
-                                format!("inode {ino}: {what} block {blk} outside the data area"),
-                            );
+                            err(r, format!("inode {ino}: {what} block {blk} outside the data area"));
                         } else if let Some(o) = owner.insert(blk, ino) {
                             err(r, format!("block {blk} owned twice (inodes {o} and {ino})"));
                         } else if !bbits[blk as usize] {
@@ -188,10 +167,7 @@ pub fn check(dev: &dyn Device) -> Result<Report> {
                     while next != 0 {
                         chain += 1;
                         if chain > d.n_extents as u64 / f::EXTENTS_PER_BLOCK as u64 + 1 {
-                            err(
-                                &mut r,
-                                format!("inode {ino}: extent chain too long (loop?)"),
-                            );
+                            err(&mut r, format!("inode {ino}: extent chain too long (loop?)"));
                             break;
                         }
                         claim(&mut r, next, "extent");
@@ -205,13 +181,7 @@ pub fn check(dev: &dyn Device) -> Result<Report> {
                                 next = eb.next;
                             }
                             Ok(eb) => {
-                                err(
-                                    &mut r,
-                                    format!(
-                                        "inode {ino}: extent block {next} belongs to inode {}",
-                                        eb.ino
-                                    ),
-                                );
+                                err(&mut r, format!("inode {ino}: extent block {next} belongs to inode {}", eb.ino));
                                 break;
                             }
                             Err(e) => {
@@ -220,16 +190,8 @@ pub fn check(dev: &dyn Device) -> Result<Report> {
                             }
                         }
                     }
-                    if d.flags & f::INODE_FLAG_INLINE == 0 && extents.len() != d.n_extents as usize
-                    {
-                        err(
-                            &mut r,
-                            format!(
-                                "inode {ino}: {} extents found, {} recorded",
-                                extents.len(),
-                                d.n_extents
-                            ),
-                        );
+                    if d.flags & f::INODE_FLAG_INLINE == 0 && extents.len() != d.n_extents as usize {
+                        err(&mut r, format!("inode {ino}: {} extents found, {} recorded", extents.len(), d.n_extents));
                     }
                     let mut data = 0u64;
                     let mut prev_end = 0u64;
@@ -240,13 +202,7 @@ pub fn check(dev: &dyn Device) -> Result<Report> {
                             err(&mut r, format!("inode {ino}: empty extent"));
                         }
                         if (e.logical as u64) < prev_end {
-                            err(
-                                &mut r,
-                                format!(
-                                    "inode {ino}: overlapping extents at file block {}",
-                                    e.logical
-                                ),
-                            );
+                            err(&mut r, format!("inode {ino}: overlapping extents at file block {}", e.logical));
                         }
                         prev_end = e.end();
                         for i in 0..e.len as u64 {
@@ -255,42 +211,20 @@ pub fn check(dev: &dyn Device) -> Result<Report> {
                         data += e.len as u64;
                     }
                     if d.blocks != data + chain {
-                        err(
-                            &mut r,
-                            format!(
-                                "inode {ino}: block count {} but owns {}",
-                                d.blocks,
-                                data + chain
-                            ),
-                        );
+                        err(&mut r, format!("inode {ino}: block count {} but owns {}", d.blocks, data + chain));
                     }
                     if prev_end > d.size.div_ceil(BLOCK) {
-                        err(
-                            &mut r,
-                            format!("inode {ino}: extents reach past its size {}", d.size),
-                        );
+                        err(&mut r, format!("inode {ino}: extents reach past its size {}", d.size));
                     }
                     let kind = d.mode & f::S_IFMT;
                     if kind == f::S_IFDIR && (d.size % BLOCK != 0 || data != d.size / BLOCK) {
-                        err(
-                            &mut r,
-                            format!(
-                                "directory {ino}: size {} does not match its {data} blocks",
-                                d.size
-                            ),
-                        );
+                        err(&mut r, format!("directory {ino}: size {} does not match its {data} blocks", d.size));
                     }
                     if kind == f::S_IFLNK && (d.size == 0 || d.size as usize > f::SYMLINK_MAX) {
-                        err(
-                            &mut r,
-                            format!("symlink {ino}: bad target length {}", d.size),
-                        );
+                        err(&mut r, format!("symlink {ino}: bad target length {}", d.size));
                     }
                     if kind == f::S_IFLNK && d.flags & f::INODE_FLAG_INLINE == 0 && data != 1 {
-                        err(
-                            &mut r,
-                            format!("symlink {ino}: target not in exactly one block"),
-                        );
+                        err(&mut r, format!("symlink {ino}: target not in exactly one block"));
                     }
                     r.inodes_used += 1;
                     match kind {
@@ -308,10 +242,7 @@ pub fn check(dev: &dyn Device) -> Result<Report> {
         if bbits[blk as usize] {
             r.blocks_used += 1;
             if !owner.contains_key(&blk) {
-                err(
-                    &mut r,
-                    format!("block {blk} is marked in use but nobody owns it (leaked)"),
-                );
+                err(&mut r, format!("block {blk} is marked in use but nobody owns it (leaked)"));
             }
         }
     }
@@ -346,30 +277,18 @@ pub fn check(dev: &dyn Device) -> Result<Report> {
                         err(&mut r, format!("directory {ino}: duplicate name {name:?}"));
                     }
                     let Some(child) = nodes.get(&d.ino) else {
-                        err(
-                            &mut r,
-                            format!(
-                                "directory {ino}: entry {name:?} points at free inode {}",
-                                d.ino
-                            ),
-                        );
+                        err(&mut r, format!("directory {ino}: entry {name:?} points at free inode {}", d.ino));
                         continue;
                     };
                     if crate::fs::meta::ftype_of(child.d.mode) != d.ftype {
-                        err(
-                            &mut r,
-                            format!("directory {ino}: entry {name:?} has the wrong file type"),
-                        );
+                        err(&mut r, format!("directory {ino}: entry {name:?} has the wrong file type"));
                     }
                     *refs.entry(d.ino).or_default() += 1;
                     children.entry(*ino).or_default().push(d.ino);
                     if child.d.mode & f::S_IFMT == f::S_IFDIR {
                         *subdirs.entry(*ino).or_default() += 1;
                         if let Some(p) = parent_of.insert(d.ino, *ino) {
-                            err(
-                                &mut r,
-                                format!("directory {} has two parents ({p} and {ino})", d.ino),
-                            );
+                            err(&mut r, format!("directory {} has two parents ({p} and {ino})", d.ino));
                         }
                     }
                 }
@@ -380,49 +299,26 @@ pub fn check(dev: &dyn Device) -> Result<Report> {
         let is_dir = n.d.mode & f::S_IFMT == f::S_IFDIR;
         if n.d.nlink == 0 {
             if refs.contains_key(ino) {
-                err(
-                    &mut r,
-                    format!("inode {ino} has link count 0 but is named in a directory"),
-                );
+                err(&mut r, format!("inode {ino} has link count 0 but is named in a directory"));
             } else {
-                r.notes.push(format!(
-                    "inode {ino} is an orphan (unlinked while open); the next mount frees it"
-                ));
+                r.notes.push(format!("inode {ino} is an orphan (unlinked while open); the next mount frees it"));
             }
             continue;
         }
         if is_dir {
             let want = 2 + subdirs.get(ino).copied().unwrap_or(0);
             if n.d.nlink != want {
-                err(
-                    &mut r,
-                    format!(
-                        "directory {ino}: link count {} but {want} expected",
-                        n.d.nlink
-                    ),
-                );
+                err(&mut r, format!("directory {ino}: link count {} but {want} expected", n.d.nlink));
             }
-            let expect_parent = if *ino == f::ROOT_INO {
-                f::ROOT_INO
-            } else {
-                parent_of.get(ino).copied().unwrap_or(0)
-            };
+            let expect_parent =
+                if *ino == f::ROOT_INO { f::ROOT_INO } else { parent_of.get(ino).copied().unwrap_or(0) };
             if n.d.parent != expect_parent {
-                err(
-                    &mut r,
-                    format!(
-                        "directory {ino}: parent {} recorded, {expect_parent} found",
-                        n.d.parent
-                    ),
-                );
+                err(&mut r, format!("directory {ino}: parent {} recorded, {expect_parent} found", n.d.parent));
             }
         } else {
             let have = refs.get(ino).copied().unwrap_or(0);
             if n.d.nlink != have {
-                err(
-                    &mut r,
-                    format!("inode {ino}: link count {} but {have} names", n.d.nlink),
-                );
+                err(&mut r, format!("inode {ino}: link count {} but {have} names", n.d.nlink));
             }
         }
     }
@@ -441,10 +337,7 @@ pub fn check(dev: &dyn Device) -> Result<Report> {
     }
     for (ino, n) in &nodes {
         if n.d.nlink > 0 && !seen.contains(ino) {
-            err(
-                &mut r,
-                format!("inode {ino} is not reachable from the root"),
-            );
+            err(&mut r, format!("inode {ino} is not reachable from the root"));
         }
     }
     r.superblock = Some(sb);

@@ -15,9 +15,7 @@
 
 use crate::device::{AlignedBuf, Device, Op, OpKind};
 use crate::error::{Error, Result};
-use crate::format::{
-    JournalCommit, JournalDesc, JournalHeader, Superblock, BLOCK, BLOCK_SIZE, JDESC_ENTRIES,
-};
+use crate::format::{JournalCommit, JournalDesc, JournalHeader, Superblock, BLOCK, BLOCK_SIZE, JDESC_ENTRIES};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -121,11 +119,8 @@ impl Journal {
         let mut entries: Vec<(bool, u64)> = tx.images.iter().map(|(b, _)| (true, *b)).collect();
         entries.extend(tx.revokes.iter().map(|b| (false, *b)));
         let mut body: Vec<AlignedBuf> = Vec::new();
-        let chunks: Vec<&[(bool, u64)]> = if entries.is_empty() {
-            vec![&[][..]]
-        } else {
-            entries.chunks(JDESC_ENTRIES).collect()
-        };
+        let chunks: Vec<&[(bool, u64)]> =
+            if entries.is_empty() { vec![&[][..]] } else { entries.chunks(JDESC_ENTRIES).collect() };
         for chunk in chunks {
             let desc = JournalDesc {
                 seq,
@@ -148,13 +143,7 @@ impl Journal {
         for b in &body {
             crc = crc32c::crc32c_append(crc, b);
         }
-        let commit = JournalCommit {
-            seq,
-            n_desc,
-            n_images: images.len() as u32,
-            body_crc: crc,
-            extra: tx.extra,
-        };
+        let commit = JournalCommit { seq, n_desc, n_images: images.len() as u32, body_crc: crc, extra: tx.extra };
         let at = (self.log_start + self.pos) * BLOCK;
         let n_body = body.len() as u64;
         // Descriptor and images, in batches the device can take as single requests.
@@ -164,11 +153,7 @@ impl Journal {
         while body.peek().is_some() {
             let bufs: Vec<AlignedBuf> = body.by_ref().take(256).collect();
             let len = bufs.len() as u64 * BLOCK;
-            ops.push(Op {
-                kind: OpKind::Write,
-                offset: off,
-                bufs,
-            });
+            ops.push(Op { kind: OpKind::Write, offset: off, bufs });
             off += len;
         }
         check(dev.submit(ops))?;
@@ -265,10 +250,7 @@ pub fn scan(dev: &dyn Device, sb: &Superblock) -> Result<Scan> {
     let header = JournalHeader::decode(&read_block(dev, sb.journal_start)?)?;
     let log_start = sb.journal_start + 1;
     let log_len = sb.journal_blocks - 1;
-    let mut out = Scan {
-        start_seq: header.start_seq,
-        transactions: Vec::new(),
-    };
+    let mut out = Scan { start_seq: header.start_seq, transactions: Vec::new() };
     let mut pos = 0u64;
     let mut seq = header.start_seq;
     'tx: while pos < log_len {
@@ -308,11 +290,7 @@ pub fn scan(dev: &dyn Device, sb: &Superblock) -> Result<Scan> {
             Ok(c) => c,
             Err(_) => break,
         };
-        if c.seq != seq
-            || c.n_desc != n_desc
-            || c.n_images as usize != tags.len()
-            || c.body_crc != body_crc
-        {
+        if c.seq != seq || c.n_desc != n_desc || c.n_images as usize != tags.len() || c.body_crc != body_crc {
             break;
         }
         let valid = |b: &u64| *b > sb.journal_start + sb.journal_blocks - 1 && *b < sb.data_end;
@@ -321,12 +299,7 @@ pub fn scan(dev: &dyn Device, sb: &Superblock) -> Result<Scan> {
                 "journal transaction {seq} names blocks outside the metadata and data areas"
             )));
         }
-        out.transactions.push(ScannedTx {
-            seq,
-            tags,
-            revokes,
-            images,
-        });
+        out.transactions.push(ScannedTx { seq, tags, revokes, images });
         pos = commit_at + 1;
         seq += 1;
     }

@@ -25,10 +25,7 @@ pub mod lock;
 pub use config::{Config, FetchPolicy, IoPath, LockMode, Stack};
 pub use error::{Error, ErrorKind, Result};
 pub use fs::api::TimeSet;
-pub use fs::{
-    mkfs, DirEntry, File, FileType, Fs, Metadata, MkfsOptions, MountReport, OpenOptions, SetAttr,
-    StatFs,
-};
+pub use fs::{mkfs, DirEntry, File, FileType, Fs, Metadata, MkfsOptions, MountReport, OpenOptions, SetAttr, StatFs};
 
 use device::uring::{UringDevice, UringOptions};
 use std::path::Path;
@@ -38,12 +35,8 @@ use std::sync::Arc;
 pub fn open_device(path: &Path, config: &Config) -> Result<Arc<dyn device::Device>> {
     // The cache's pages, plus the copies write-back takes of dirty pages (at most
     // the dirty share of the cache) and the metadata in flight.
-    let opts = UringOptions {
-        arena_bytes: 2 * config.cache_bytes as usize + (16 << 20),
-        ..Default::default()
-    };
-    let dev = UringDevice::open(path, &opts)
-        .map_err(|e| Error::io(format!("cannot open {}: {e}", path.display())))?;
+    let opts = UringOptions { arena_bytes: 2 * config.cache_bytes as usize + (16 << 20), ..Default::default() };
+    let dev = UringDevice::open(path, &opts).map_err(|e| Error::io(format!("cannot open {}: {e}", path.display())))?;
     Ok(Arc::new(dev))
 }
 
@@ -61,28 +54,18 @@ pub fn mkfs_image(path: &Path, size: u64, opts: &MkfsOptions) -> Result<format::
         .map_err(|e| Error::io(format!("cannot create {}: {e}", path.display())))?;
     let meta = file.metadata().map_err(|e| Error::io(e.to_string()))?;
     if meta.file_type().is_file() {
-        file.set_len(size)
-            .map_err(|e| Error::io(format!("cannot size {}: {e}", path.display())))?;
+        file.set_len(size).map_err(|e| Error::io(format!("cannot size {}: {e}", path.display())))?;
         // SAFETY: plain syscall on an fd we own.
         let r = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, size as i64) };
         if r != 0 {
             let e = std::io::Error::last_os_error();
             if e.raw_os_error() == Some(libc::ENOSPC) {
-                return Err(Error::no_space(format!(
-                    "cannot allocate {size} bytes for {}",
-                    path.display()
-                )));
+                return Err(Error::no_space(format!("cannot allocate {size} bytes for {}", path.display())));
             }
         }
     }
     drop(file);
-    let dev = open_device(
-        path,
-        &Config {
-            cache_bytes: 1 << 20,
-            ..Default::default()
-        },
-    )?;
+    let dev = open_device(path, &Config { cache_bytes: 1 << 20, ..Default::default() })?;
     mkfs(&*dev, opts)
 }
 

@@ -70,15 +70,9 @@ fn workload(fs: &Fs, dev: &SimDevice, seed: u64, steps: usize) -> Vec<(usize, Mo
                 let len = rng.gen_range(1..9000);
                 let byte = rng.gen::<u8>();
                 if std::env::var("PWFS_TRACE").is_ok() {
-                    eprintln!(
-                        "overwrite {path} at {off} len {len} (size {})",
-                        content.len()
-                    );
+                    eprintln!("overwrite {path} at {off} len {len} (size {})", content.len());
                 }
-                let f = pwfs::OpenOptions::new()
-                    .write(true)
-                    .open(fs, &path)
-                    .unwrap();
+                let f = pwfs::OpenOptions::new().write(true).open(fs, &path).unwrap();
                 f.write_at(&vec![byte; len], off).unwrap();
                 let end = off as usize + len;
                 if content.len() < end {
@@ -132,8 +126,7 @@ fn workload(fs: &Fs, dev: &SimDevice, seed: u64, steps: usize) -> Vec<(usize, Mo
                     .filter(|d| !d.is_empty())
                     .filter(|d| {
                         let pre = format!("{d}/");
-                        !m.dirs.iter().any(|x| x.starts_with(&pre))
-                            && !m.names.keys().any(|x| x.starts_with(&pre))
+                        !m.dirs.iter().any(|x| x.starts_with(&pre)) && !m.names.keys().any(|x| x.starts_with(&pre))
                     })
                     .cloned()
                     .collect();
@@ -149,11 +142,7 @@ fn workload(fs: &Fs, dev: &SimDevice, seed: u64, steps: usize) -> Vec<(usize, Mo
             syncs.push((dev.log_len(), m.clone()));
         }
         if std::env::var("PWFS_TRACE").is_ok() {
-            eprintln!(
-                "step {step}: log {} commits {}",
-                dev.log_len(),
-                fs.journal_stats().commits
-            );
+            eprintln!("step {step}: log {} commits {}", dev.log_len(), fs.journal_stats().commits);
         }
     }
     fs.sync().unwrap();
@@ -172,11 +161,7 @@ fn observe(fs: &Fs) -> (BTreeSet<String>, BTreeMap<String, Vec<u8>>) {
     let mut stack = vec![String::new()];
     while let Some(d) = stack.pop() {
         dirs.insert(d.clone());
-        let path = if d.is_empty() {
-            "/".to_string()
-        } else {
-            d.clone()
-        };
+        let path = if d.is_empty() { "/".to_string() } else { d.clone() };
         for e in fs.read_dir(&path).unwrap() {
             let p = format!("{d}/{}", String::from_utf8(e.name).unwrap());
             if e.kind == pwfs::FileType::Directory {
@@ -190,31 +175,19 @@ fn observe(fs: &Fs) -> (BTreeSet<String>, BTreeMap<String, Vec<u8>>) {
 }
 
 /// Does the observed tree match `a` (allowing bytes of in-place overwrites from `b`)?
-fn matches(
-    obs: &(BTreeSet<String>, BTreeMap<String, Vec<u8>>),
-    a: &Model,
-    b: Option<&Model>,
-) -> Result<(), String> {
+fn matches(obs: &(BTreeSet<String>, BTreeMap<String, Vec<u8>>), a: &Model, b: Option<&Model>) -> Result<(), String> {
     if obs.0 != a.dirs {
         return Err(format!("directories differ: {:?} vs {:?}", obs.0, a.dirs));
     }
     let names: BTreeSet<&String> = a.names.keys().collect();
     if obs.1.keys().collect::<BTreeSet<_>>() != names {
-        return Err(format!(
-            "names differ: {:?} vs {:?}",
-            obs.1.keys().collect::<Vec<_>>(),
-            names
-        ));
+        return Err(format!("names differ: {:?} vs {:?}", obs.1.keys().collect::<Vec<_>>(), names));
     }
     for (path, id) in &a.names {
         let want = &a.data[id];
         let got = &obs.1[path];
         if got.len() != want.len() {
-            return Err(format!(
-                "{path}: size {} but {} synced",
-                got.len(),
-                want.len()
-            ));
+            return Err(format!("{path}: size {} but {} synced", got.len(), want.len()));
         }
         let alt = b.and_then(|b| b.data.get(id));
         for (i, (g, w)) in got.iter().zip(want).enumerate() {
@@ -232,27 +205,14 @@ fn mount_mem(img: Vec<u8>) -> (Arc<MemDevice>, Fs) {
     (dev, fs)
 }
 
-fn check_point(
-    base: &[u8],
-    log: &[pwfs::device::sim::LogEntry],
-    syncs: &[(usize, Model)],
-    k: usize,
-    seed: u64,
-) {
+fn check_point(base: &[u8], log: &[pwfs::device::sim::LogEntry], syncs: &[(usize, Model)], k: usize, seed: u64) {
     let ctx = format!("seed {seed}, crash after log entry {k} of {}", log.len());
     let img = crash_image(base, log, k, seed ^ (k as u64).wrapping_mul(0x9e37_79b9));
     // fsck of the raw crash image (as the journal leaves it) must already be clean.
     let r = pwfs::fsck::check(&MemDevice::from_vec(img.clone())).unwrap();
-    assert!(
-        r.is_clean(),
-        "{ctx}: fsck before recovery:\n{}",
-        r.errors.join("\n")
-    );
+    assert!(r.is_clean(), "{ctx}: fsck before recovery:\n{}", r.errors.join("\n"));
     // The last sync that completed before the crash, and the one that may have.
-    let i = syncs
-        .iter()
-        .rposition(|(at, _)| *at <= k)
-        .expect("the initial state is a sync point");
+    let i = syncs.iter().rposition(|(at, _)| *at <= k).expect("the initial state is a sync point");
     let (a, b) = (&syncs[i].1, syncs.get(i + 1).map(|s| &s.1));
 
     // Recovery, crashed part-way through at a random point, then recovered again.
@@ -260,68 +220,35 @@ fn check_point(
     let rec_base = rec.start_recording();
     drop(Fs::mount(rec.clone(), test_config()).unwrap_or_else(|e| panic!("{ctx}: mount: {e}")));
     let rlog = rec.log();
-    let cut = if rlog.is_empty() {
-        0
-    } else {
-        (seed as usize ^ k) % rlog.len()
-    };
+    let cut = if rlog.is_empty() { 0 } else { (seed as usize ^ k) % rlog.len() };
     let img2 = crash_image(&rec_base, &rlog, cut, seed.wrapping_add(k as u64));
 
-    for (which, img) in [
-        ("after recovery", img),
-        ("after a crash during recovery", img2),
-    ] {
+    for (which, img) in [("after recovery", img), ("after a crash during recovery", img2)] {
         let (dev, fs) = mount_mem(img);
         let obs = observe(&fs);
         let ok = matches(&obs, a, b);
-        let ok = ok.or_else(|e1| {
-            b.map_or(Err(e1.clone()), |b| matches(&obs, b, None))
-                .map_err(|e2| format!("{e1} / {e2}"))
-        });
+        let ok =
+            ok.or_else(|e1| b.map_or(Err(e1.clone()), |b| matches(&obs, b, None)).map_err(|e2| format!("{e1} / {e2}")));
         if let Err(e) = ok {
             panic!("{ctx}: {which}: tree is neither the last synced state nor the next: {e}");
         }
         fs.unmount().unwrap();
         let r = pwfs::fsck::check(&*dev).unwrap();
-        assert!(
-            r.is_clean(),
-            "{ctx}: {which}: fsck after unmount:\n{}",
-            r.errors.join("\n")
-        );
-        assert!(
-            r.notes.is_empty(),
-            "{ctx}: {which}: unmount left: {:?}",
-            r.notes
-        );
+        assert!(r.is_clean(), "{ctx}: {which}: fsck after unmount:\n{}", r.errors.join("\n"));
+        assert!(r.notes.is_empty(), "{ctx}: {which}: unmount left: {:?}", r.notes);
     }
 }
 
 fn run(seed: u64, steps: usize, points: usize) -> usize {
     // A small journal, so the workload also crosses checkpoints.
-    let image = formatted_image(
-        8 * MIB,
-        &MkfsOptions {
-            inodes: Some(512),
-            journal_blocks: Some(96),
-        },
-    );
-    let dev = Arc::new(SimDevice::new(
-        image,
-        SimConfig {
-            seed,
-            ..Default::default()
-        },
-    ));
+    let image = formatted_image(8 * MIB, &MkfsOptions { inodes: Some(512), journal_blocks: Some(96) });
+    let dev = Arc::new(SimDevice::new(image, SimConfig { seed, ..Default::default() }));
     let base = dev.start_recording();
     let fs = Fs::mount(dev.clone(), test_config()).unwrap();
     let syncs = workload(&fs, &dev, seed, steps);
     drop(fs);
     let log = dev.log();
-    assert!(
-        log.len() > points,
-        "workload too small: {} log entries",
-        log.len()
-    );
+    assert!(log.len() > points, "workload too small: {} log entries", log.len());
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut ks: Vec<usize> = (0..points).map(|_| rng.gen_range(0..=log.len())).collect();
     ks.push(log.len());
@@ -367,20 +294,8 @@ fn crash_points_env_seeds() {
 fn debug_point() {
     let seed: u64 = std::env::var("S").unwrap().parse().unwrap();
     let k: usize = std::env::var("K").unwrap().parse().unwrap();
-    let image = formatted_image(
-        8 * MIB,
-        &MkfsOptions {
-            inodes: Some(512),
-            journal_blocks: Some(96),
-        },
-    );
-    let dev = Arc::new(SimDevice::new(
-        image,
-        SimConfig {
-            seed,
-            ..Default::default()
-        },
-    ));
+    let image = formatted_image(8 * MIB, &MkfsOptions { inodes: Some(512), journal_blocks: Some(96) });
+    let dev = Arc::new(SimDevice::new(image, SimConfig { seed, ..Default::default() }));
     let base = dev.start_recording();
     let fs = Fs::mount(dev.clone(), test_config()).unwrap();
     let syncs = workload(&fs, &dev, seed, 400);
@@ -389,18 +304,9 @@ fn debug_point() {
     let i = syncs.iter().rposition(|(at, _)| *at <= k).unwrap();
     eprintln!(
         "sync points around: {:?}",
-        syncs
-            .iter()
-            .map(|s| s.0)
-            .filter(|a| a + 40 > k && *a < k + 40)
-            .collect::<Vec<_>>()
+        syncs.iter().map(|s| s.0).filter(|a| a + 40 > k && *a < k + 40).collect::<Vec<_>>()
     );
-    for (j, e) in log
-        .iter()
-        .enumerate()
-        .take(k + 5)
-        .skip(syncs[i].0.saturating_sub(30))
-    {
+    for (j, e) in log.iter().enumerate().take(k + 5).skip(syncs[i].0.saturating_sub(30)) {
         match e {
             pwfs::device::sim::LogEntry::Write { offset, data } => {
                 eprintln!("{j}: write block {} x{}", offset / 4096, data.len() / 4096)
@@ -416,10 +322,7 @@ fn debug_point() {
         if obs.1.get(p) != Some(want) {
             let md = fs.metadata(p).unwrap();
             let bad = obs.1[p].iter().zip(want).position(|(a, b)| a != b);
-            eprintln!(
-                "{p}: ino {} size {} first bad byte {:?}",
-                md.ino, md.size, bad
-            );
+            eprintln!("{p}: ino {} size {} first bad byte {:?}", md.ino, md.size, bad);
         }
     }
 }

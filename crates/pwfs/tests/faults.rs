@@ -14,20 +14,8 @@ use std::sync::Arc;
 #[test]
 fn write_error_poisons_and_nothing_is_lost_silently() {
     for (what, cfg) in [
-        (
-            "write",
-            SimConfig {
-                fail_writes_after: Some(0),
-                ..Default::default()
-            },
-        ),
-        (
-            "flush",
-            SimConfig {
-                flush_fail: 1.0,
-                ..Default::default()
-            },
-        ),
+        ("write", SimConfig { fail_writes_after: Some(0), ..Default::default() }),
+        ("flush", SimConfig { flush_fail: 1.0, ..Default::default() }),
     ] {
         let image = formatted_image(16 * MIB, &MkfsOptions::default());
         let (dev, fs) = sim_fs(image, SimConfig::default(), test_config());
@@ -37,33 +25,18 @@ fn write_error_poisons_and_nothing_is_lost_silently() {
         dev.set_config(cfg);
         let e = fs.sync().expect_err("sync must report the failed device");
         assert_eq!(e.errno(), libc::EIO, "{what}: {e}");
-        assert!(
-            fs.poisoned().is_some(),
-            "{what}: file system turned read-only"
-        );
+        assert!(fs.poisoned().is_some(), "{what}: file system turned read-only");
         assert_eq!(errno(fs.write_file("/more", b"x")), libc::EROFS, "{what}");
         assert_eq!(errno(fs.create_dir("/d", 0o755)), libc::EROFS, "{what}");
-        assert_eq!(
-            fs.read_file("/kept").unwrap(),
-            b"durable",
-            "{what}: reads go on"
-        );
-        assert_eq!(
-            errno(fs.clone().unmount()),
-            libc::EROFS,
-            "{what}: unmount says it could not flush"
-        );
+        assert_eq!(fs.read_file("/kept").unwrap(), b"durable", "{what}: reads go on");
+        assert_eq!(errno(fs.clone().unmount()), libc::EROFS, "{what}: unmount says it could not flush");
         drop(fs);
         // What reached the medium is the state of the last good sync.
         dev.set_config(SimConfig::default());
         let img = dev.snapshot();
         let (dev2, fs) = sim_fs(img, SimConfig::default(), test_config());
         assert_eq!(fs.read_file("/kept").unwrap(), b"durable");
-        assert_eq!(
-            errno(fs.read_file("/lost")),
-            libc::ENOENT,
-            "{what}: the failed commit is not visible"
-        );
+        assert_eq!(errno(fs.read_file("/lost")), libc::ENOENT, "{what}: the failed commit is not visible");
         fs.unmount().unwrap();
         fsck_clean(&*dev2);
     }
@@ -75,18 +48,11 @@ fn read_error_is_reported_and_not_fatal() {
     let (dev, fs) = sim_fs(image, SimConfig::default(), test_config());
     fs.write_file("/f", &vec![7u8; 50_000]).unwrap();
     fs.evict_cache().unwrap();
-    dev.set_config(SimConfig {
-        read_fail: 1.0,
-        ..Default::default()
-    });
+    dev.set_config(SimConfig { read_fail: 1.0, ..Default::default() });
     assert_eq!(errno(fs.read_file("/f")), libc::EIO);
     dev.set_config(SimConfig::default());
     assert!(fs.poisoned().is_none(), "a failed read does not poison");
-    assert_eq!(
-        fs.read_file("/f").unwrap(),
-        vec![7u8; 50_000],
-        "the page is fetched again"
-    );
+    assert_eq!(fs.read_file("/f").unwrap(), vec![7u8; 50_000], "the page is fetched again");
     fs.unmount().unwrap();
 }
 
@@ -95,13 +61,7 @@ fn random_faults_never_panic_and_never_lie() {
     for seed in 0..20u64 {
         let image = formatted_image(16 * MIB, &MkfsOptions::default());
         let (dev, fs) = sim_fs(image, SimConfig::default(), test_config());
-        dev.set_config(SimConfig {
-            seed,
-            read_fail: 0.02,
-            write_fail: 0.02,
-            flush_fail: 0.02,
-            ..Default::default()
-        });
+        dev.set_config(SimConfig { seed, read_fail: 0.02, write_fail: 0.02, flush_fail: 0.02, ..Default::default() });
         let mut rng = SmallRng::seed_from_u64(seed);
         let mut synced: Vec<(String, Vec<u8>)> = Vec::new();
         let mut pending: Vec<(String, Vec<u8>)> = Vec::new();
@@ -115,10 +75,7 @@ fn random_faults_never_panic_and_never_lie() {
                 match fs.sync() {
                     Ok(()) => synced.append(&mut pending),
                     Err(e) => {
-                        assert!(
-                            matches!(e.kind(), ErrorKind::Io | ErrorKind::ReadOnly),
-                            "seed {seed}: {e}"
-                        );
+                        assert!(matches!(e.kind(), ErrorKind::Io | ErrorKind::ReadOnly), "seed {seed}: {e}");
                         break;
                     }
                 }
@@ -138,19 +95,11 @@ fn random_faults_never_panic_and_never_lie() {
 
 fn populated_image() -> Vec<u8> {
     let dev = Arc::new(MemDevice::new(8 * MIB));
-    pwfs::mkfs(
-        &*dev,
-        &MkfsOptions {
-            inodes: Some(256),
-            journal_blocks: Some(64),
-        },
-    )
-    .unwrap();
+    pwfs::mkfs(&*dev, &MkfsOptions { inodes: Some(256), journal_blocks: Some(64) }).unwrap();
     let fs = Fs::mount(dev.clone(), test_config()).unwrap();
     fs.create_dir("/d", 0o755).unwrap();
     for i in 0..40 {
-        fs.write_file(format!("/d/f{i}"), &vec![i as u8; i * 700])
-            .unwrap();
+        fs.write_file(format!("/d/f{i}"), &vec![i as u8; i * 700]).unwrap();
     }
     fs.symlink_path("d/f1", "/s").unwrap();
     fs.unmount().unwrap();
@@ -160,9 +109,7 @@ fn populated_image() -> Vec<u8> {
 #[test]
 fn corrupt_images_are_refused_unchanged_or_mount_clean() {
     let good = populated_image();
-    let sb = pwfs::fs::read_superblock(&MemDevice::from_vec(good.clone()))
-        .unwrap()
-        .0;
+    let sb = pwfs::fs::read_superblock(&MemDevice::from_vec(good.clone())).unwrap().0;
     let meta_end = (sb.data_start as usize + 64) * 4096;
     let (mut refused, mut mounted) = (0, 0);
     for seed in 0..300u64 {
@@ -171,11 +118,7 @@ fn corrupt_images_are_refused_unchanged_or_mount_clean() {
         for _ in 0..rng.gen_range(1..8) {
             // Mostly metadata (superblock, journal, bitmaps, inodes, first directory
             // blocks), sometimes anywhere.
-            let at = if rng.gen_bool(0.8) {
-                rng.gen_range(0..meta_end)
-            } else {
-                rng.gen_range(0..img.len())
-            };
+            let at = if rng.gen_bool(0.8) { rng.gen_range(0..meta_end) } else { rng.gen_range(0..img.len()) };
             img[at] ^= rng.gen_range(1..=255u8);
         }
         let dev = Arc::new(SimDevice::new(img.clone(), SimConfig::default()));
@@ -183,10 +126,7 @@ fn corrupt_images_are_refused_unchanged_or_mount_clean() {
             Err(e) => {
                 refused += 1;
                 assert!(!e.to_string().is_empty());
-                assert!(
-                    dev.snapshot() == img,
-                    "seed {seed}: a refused mount changed the image"
-                );
+                assert!(dev.snapshot() == img, "seed {seed}: a refused mount changed the image");
             }
             Ok(fs) => {
                 mounted += 1;
@@ -195,18 +135,11 @@ fn corrupt_images_are_refused_unchanged_or_mount_clean() {
                 }
                 fs.unmount().unwrap();
                 let r = pwfs::fsck::check(&*dev).unwrap();
-                assert!(
-                    r.is_clean(),
-                    "seed {seed}: mounted, but fsck then finds: {:?}",
-                    r.errors
-                );
+                assert!(r.is_clean(), "seed {seed}: mounted, but fsck then finds: {:?}", r.errors);
             }
         }
     }
-    assert!(
-        refused > 0 && mounted > 0,
-        "refused {refused}, mounted {mounted}"
-    );
+    assert!(refused > 0 && mounted > 0, "refused {refused}, mounted {mounted}");
 }
 
 #[test]
@@ -214,21 +147,13 @@ fn truncated_and_foreign_images_are_refused() {
     let good = populated_image();
     let short = MemDevice::from_vec(good[..good.len() / 2].to_vec());
     let e = Fs::mount(Arc::new(short), test_config()).unwrap_err();
-    assert!(
-        e.to_string().contains("truncated") || e.kind() == ErrorKind::Corrupt,
-        "{e}"
-    );
+    assert!(e.to_string().contains("truncated") || e.kind() == ErrorKind::Corrupt, "{e}");
     let zeros = Arc::new(MemDevice::new(8 * MIB));
     let e = Fs::mount(zeros, test_config()).unwrap_err();
     assert!(e.to_string().contains("not a pwfs image"), "{e}");
     let mut rng = SmallRng::seed_from_u64(5);
     let noise: Vec<u8> = (0..8 * MIB).map(|_| rng.gen()).collect();
-    assert_eq!(
-        Fs::mount(Arc::new(MemDevice::from_vec(noise)), test_config())
-            .unwrap_err()
-            .kind(),
-        ErrorKind::Corrupt
-    );
+    assert_eq!(Fs::mount(Arc::new(MemDevice::from_vec(noise)), test_config()).unwrap_err().kind(), ErrorKind::Corrupt);
     let tiny = Arc::new(MemDevice::new(4096 * 8));
     assert!(Fs::mount(tiny, test_config()).is_err());
     assert!(pwfs::mkfs(&MemDevice::new(4096 * 8), &MkfsOptions::default()).is_err());
@@ -239,35 +164,17 @@ fn damaged_primary_superblock_falls_back_to_the_backup() {
     let mut img = populated_image();
     img[100] ^= 0xff;
     let dev = Arc::new(MemDevice::from_vec(img));
-    let (fs, report) = Fs::mount_report(
-        dev.clone(),
-        Config {
-            check_on_mount: false,
-            ..test_config()
-        },
-    )
-    .unwrap();
+    let (fs, report) = Fs::mount_report(dev.clone(), Config { check_on_mount: false, ..test_config() }).unwrap();
     assert!(report.used_backup_superblock);
     assert_eq!(fs.read_file("/d/f3").unwrap(), vec![3u8; 2100]);
     let r = pwfs::fsck::check(&*dev).unwrap();
-    assert!(
-        r.errors.iter().any(|e| e.contains("primary superblock")),
-        "fsck reports it: {:?}",
-        r.errors
-    );
+    assert!(r.errors.iter().any(|e| e.contains("primary superblock")), "fsck reports it: {:?}", r.errors);
 }
 
 #[test]
 fn enospc_leaves_a_consistent_usable_file_system() {
     let dev = Arc::new(MemDevice::new(4 * MIB));
-    pwfs::mkfs(
-        &*dev,
-        &MkfsOptions {
-            inodes: Some(1024),
-            journal_blocks: Some(64),
-        },
-    )
-    .unwrap();
+    pwfs::mkfs(&*dev, &MkfsOptions { inodes: Some(1024), journal_blocks: Some(64) }).unwrap();
     let fs = Fs::mount(dev.clone(), test_config()).unwrap();
     let mut written = 0;
     let chunk = vec![0xabu8; 64 * 1024];
@@ -296,22 +203,11 @@ fn enospc_leaves_a_consistent_usable_file_system() {
     fsck_clean(&*dev);
     // A full inode table is ENOSPC too.
     let dev = Arc::new(MemDevice::new(4 * MIB));
-    pwfs::mkfs(
-        &*dev,
-        &MkfsOptions {
-            inodes: Some(32),
-            journal_blocks: Some(64),
-        },
-    )
-    .unwrap();
+    pwfs::mkfs(&*dev, &MkfsOptions { inodes: Some(32), journal_blocks: Some(64) }).unwrap();
     let fs = Fs::mount(dev.clone(), test_config()).unwrap();
     let mut n = 0;
     let e = loop {
-        match OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&fs, format!("/i{n}"))
-        {
+        match OpenOptions::new().write(true).create_new(true).open(&fs, format!("/i{n}")) {
             Ok(_) => n += 1,
             Err(e) => break e,
         }

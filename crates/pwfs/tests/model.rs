@@ -26,10 +26,7 @@ type R<T> = Result<T, i32>;
 
 impl Model {
     fn new() -> Model {
-        Model {
-            nodes: HashMap::from([(1, (Node::Dir(BTreeMap::new()), 2))]),
-            next: 2,
-        }
+        Model { nodes: HashMap::from([(1, (Node::Dir(BTreeMap::new()), 2))]), next: 2 }
     }
 
     fn dir(&self, ino: u64) -> Option<&BTreeMap<String, u64>> {
@@ -147,11 +144,7 @@ impl Model {
                     Node::Dir(_) => (true, 0),
                     Node::File(d) => (false, d.len() as u64),
                 };
-                Ok(Out::Stat {
-                    dir,
-                    size,
-                    nlink: *nlink,
-                })
+                Ok(Out::Stat { dir, size, nlink: *nlink })
             }
             Op::Unlink(p) => {
                 let (parent, name) = self.parent(p)?;
@@ -255,18 +248,11 @@ enum Op {
 fn run_op(fs: &Fs, op: &Op) -> R<Out> {
     let e = |e: pwfs::Error| e.errno();
     match op {
-        Op::Create(p) => OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(fs, p)
-            .map(|_| Out::None)
-            .map_err(e),
+        Op::Create(p) => OpenOptions::new().write(true).create_new(true).open(fs, p).map(|_| Out::None).map_err(e),
         Op::Mkdir(p) => fs.create_dir(p, 0o755).map(|_| Out::None).map_err(e),
         Op::Write(p, off, len, byte) => {
             let f = OpenOptions::new().write(true).open(fs, p).map_err(e)?;
-            f.write_at(&vec![*byte; *len as usize], *off as u64)
-                .map(|_| Out::None)
-                .map_err(e)
+            f.write_at(&vec![*byte; *len as usize], *off as u64).map(|_| Out::None).map_err(e)
         }
         Op::Truncate(p, size) => {
             let f = OpenOptions::new().write(true).open(fs, p).map_err(e)?;
@@ -281,11 +267,7 @@ fn run_op(fs: &Fs, op: &Op) -> R<Out> {
         }
         Op::Stat(p) => fs
             .metadata(p)
-            .map(|m| Out::Stat {
-                dir: m.is_dir(),
-                size: if m.is_dir() { 0 } else { m.size },
-                nlink: m.nlink,
-            })
+            .map(|m| Out::Stat { dir: m.is_dir(), size: if m.is_dir() { 0 } else { m.size }, nlink: m.nlink })
             .map_err(e),
         Op::Unlink(p) => fs.remove_file(p).map(|_| Out::None).map_err(e),
         Op::Rmdir(p) => fs.remove_dir(p).map(|_| Out::None).map_err(e),
@@ -326,10 +308,7 @@ fn check_sequence(ops: &[Op]) -> Result<(), TestCaseError> {
     let dev = Arc::new(pwfs::device::mem::MemDevice::new(32 * MIB));
     pwfs::mkfs(&*dev, &pwfs::MkfsOptions::default()).unwrap();
     // A tiny cache, so that eviction and write-back run during the sequence.
-    let config = || pwfs::Config {
-        cache_bytes: 64 * 4096,
-        ..test_config()
-    };
+    let config = || pwfs::Config { cache_bytes: 64 * 4096, ..test_config() };
     let mut fs = Fs::mount(dev.clone(), config()).unwrap();
     let mut model = Model::new();
     for (i, op) in ops.iter().enumerate() {
@@ -378,10 +357,7 @@ fn threads_match_their_models() {
                         &[seed as u8; 32],
                     ),
                 );
-                let ops = prop::collection::vec(op(prefix), 150)
-                    .new_tree(&mut runner)
-                    .unwrap()
-                    .current();
+                let ops = prop::collection::vec(op(prefix), 150).new_tree(&mut runner).unwrap().current();
                 let mut model = Model::new();
                 // The model's root stands for this thread's "/tN".
                 for (i, op) in ops.iter().enumerate() {
@@ -390,10 +366,7 @@ fn threads_match_their_models() {
                     }
                     let want = model.apply(&strip(op, prefix));
                     let got = run_op(&fs, op);
-                    assert_eq!(
-                        got, want,
-                        "round {round} thread {t} (seed {seed}) op {i} {op:?}"
-                    );
+                    assert_eq!(got, want, "round {round} thread {t} (seed {seed}) op {i} {op:?}");
                 }
             }));
         }
@@ -432,11 +405,7 @@ fn shared_file_readers_and_writers() {
     for t in 0..4u8 {
         let fs = fs.clone();
         handles.push(std::thread::spawn(move || {
-            let f = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&fs, "/shared")
-                .unwrap();
+            let f = OpenOptions::new().read(true).write(true).open(&fs, "/shared").unwrap();
             let mut buf = vec![0u8; 3000];
             for i in 0..300u32 {
                 // Writer t owns bytes [t*16K, (t+1)*16K); it fills a 3000-byte span with one value.
@@ -446,10 +415,7 @@ fn shared_file_readers_and_writers() {
                 // Any 3000-byte read of a span written whole is uniform or mixes only
                 // whole earlier writes: check the span just written reads back.
                 f.read_at(&mut buf, off).unwrap();
-                assert!(
-                    buf.iter().all(|b| *b == v),
-                    "thread {t} iteration {i}: read-your-write"
-                );
+                assert!(buf.iter().all(|b| *b == v), "thread {t} iteration {i}: read-your-write");
                 if i % 50 == 0 {
                     fs.sync().unwrap();
                 }

@@ -14,10 +14,7 @@ fn files_read_write_sparse_and_truncate() {
     let r = OpenOptions::new().read(true).open(&fs, "/a").unwrap();
     assert_eq!(r.read_at(&mut buf, 0).unwrap(), 10_005);
     assert_eq!(&buf[..5], b"hello");
-    assert!(
-        buf[5..10_000].iter().all(|b| *b == 0),
-        "hole reads as zeros"
-    );
+    assert!(buf[5..10_000].iter().all(|b| *b == 0), "hole reads as zeros");
     assert_eq!(&buf[10_000..], b"world");
     assert_eq!(r.read_at(&mut buf, 10_005).unwrap(), 0, "EOF");
     f.set_len(3).unwrap();
@@ -26,21 +23,13 @@ fn files_read_write_sparse_and_truncate() {
     let data = fs.read_file("/a").unwrap();
     assert_eq!(data.len(), 5000);
     assert_eq!(&data[..3], b"hel");
-    assert!(
-        data[3..].iter().all(|b| *b == 0),
-        "truncate down then up exposes zeros"
-    );
+    assert!(data[3..].iter().all(|b| *b == 0), "truncate down then up exposes zeros");
     fs.sync().unwrap();
     fs.evict_cache().unwrap();
     let data = fs.read_file("/a").unwrap();
-    assert!(
-        data[3..].iter().all(|b| *b == 0),
-        "also after the cache is dropped"
-    );
+    assert!(data[3..].iter().all(|b| *b == 0), "also after the cache is dropped");
     // Large write spanning many pages, read back cold.
-    let big: Vec<u8> = (0..3 * MIB as usize + 123)
-        .map(|i| (i * 7 % 251) as u8)
-        .collect();
+    let big: Vec<u8> = (0..3 * MIB as usize + 123).map(|i| (i * 7 % 251) as u8).collect();
     fs.write_file("/big", &big).unwrap();
     fs.sync().unwrap();
     fs.evict_cache().unwrap();
@@ -53,48 +42,19 @@ fn files_read_write_sparse_and_truncate() {
 #[test]
 fn open_flags() {
     let (_dev, fs) = mem_fs(16 * MIB);
-    assert_eq!(
-        errno(OpenOptions::new().read(true).open(&fs, "/nope")),
-        libc::ENOENT
-    );
-    let f = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&fs, "/x")
-        .unwrap();
+    assert_eq!(errno(OpenOptions::new().read(true).open(&fs, "/nope")), libc::ENOENT);
+    let f = OpenOptions::new().write(true).create_new(true).open(&fs, "/x").unwrap();
     f.write_at(b"abc", 0).unwrap();
-    assert_eq!(
-        errno(
-            OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&fs, "/x")
-        ),
-        libc::EEXIST
-    );
+    assert_eq!(errno(OpenOptions::new().write(true).create_new(true).open(&fs, "/x")), libc::EEXIST);
     let a = OpenOptions::new().append(true).open(&fs, "/x").unwrap();
     a.write(b"def").unwrap();
     a.write_at(b"ghi", 0).unwrap();
-    assert_eq!(
-        fs.read_file("/x").unwrap(),
-        b"abcdefghi",
-        "O_APPEND writes at the end"
-    );
-    OpenOptions::new()
-        .write(true)
-        .truncate(true)
-        .open(&fs, "/x")
-        .unwrap();
+    assert_eq!(fs.read_file("/x").unwrap(), b"abcdefghi", "O_APPEND writes at the end");
+    OpenOptions::new().write(true).truncate(true).open(&fs, "/x").unwrap();
     assert_eq!(fs.metadata("/x").unwrap().size, 0);
-    assert_eq!(
-        errno(OpenOptions::new().read(true).open(&fs, "/x/y")),
-        libc::ENOTDIR
-    );
+    assert_eq!(errno(OpenOptions::new().read(true).open(&fs, "/x/y")), libc::ENOTDIR);
     fs.create_dir("/d", 0o755).unwrap();
-    assert_eq!(
-        errno(OpenOptions::new().write(true).open(&fs, "/d")),
-        libc::EISDIR
-    );
+    assert_eq!(errno(OpenOptions::new().write(true).open(&fs, "/d")), libc::EISDIR);
     let ro = OpenOptions::new().read(true).open(&fs, "/x").unwrap();
     assert_eq!(errno(ro.write_at(b"z", 0)), libc::EBADF);
     assert_eq!(errno(fs.read_file("/d")), libc::EISDIR);
@@ -120,10 +80,7 @@ fn directories_and_errnos() {
     assert_eq!(fs.metadata("/d").unwrap().nlink, 2);
     fs.create_dir("/d/sub", 0o700).unwrap();
     assert_eq!(fs.metadata("/d").unwrap().nlink, 3);
-    assert_eq!(
-        fs.metadata("/d/sub/..").unwrap().ino,
-        fs.metadata("/d").unwrap().ino
-    );
+    assert_eq!(fs.metadata("/d/sub/..").unwrap().ino, fs.metadata("/d").unwrap().ino);
     fs.remove_file("/d/f").unwrap();
     fs.remove_dir("/d/sub").unwrap();
     fs.remove_dir("/d").unwrap();
@@ -152,10 +109,7 @@ fn rename_cases() {
     assert_eq!(errno(fs.rename_path("/e", "/a")), libc::ENOTEMPTY);
     fs.rename_path("/a/b", "/e/b").unwrap();
     fs.rename_path("/e", "/a").unwrap();
-    assert_eq!(
-        fs.metadata("/a/b/..").unwrap().ino,
-        fs.metadata("/a").unwrap().ino
-    );
+    assert_eq!(fs.metadata("/a/b/..").unwrap().ino, fs.metadata("/a").unwrap().ino);
     assert_eq!(fs.metadata("/a").unwrap().nlink, 3);
     fs.hard_link("/g", "/a/h").unwrap();
     assert_eq!(fs.metadata("/g").unwrap().nlink, 2);
@@ -170,10 +124,7 @@ fn links_symlinks_and_attributes() {
     let (dev, fs) = mem_fs(16 * MIB);
     fs.write_file("/f", b"data").unwrap();
     fs.hard_link("/f", "/l").unwrap();
-    assert_eq!(
-        fs.metadata("/l").unwrap().ino,
-        fs.metadata("/f").unwrap().ino
-    );
+    assert_eq!(fs.metadata("/l").unwrap().ino, fs.metadata("/f").unwrap().ino);
     assert_eq!(errno(fs.hard_link("/", "/r")), libc::EPERM);
     assert_eq!(errno(fs.hard_link("/f", "/l")), libc::EEXIST);
     fs.symlink_path("f", "/s").unwrap();
@@ -185,21 +136,13 @@ fn links_symlinks_and_attributes() {
     assert_eq!(fs.symlink_metadata("/s").unwrap().kind, FileType::Symlink);
     fs.symlink_path("/loop", "/loop").unwrap();
     assert_eq!(errno(fs.metadata("/loop")), libc::ELOOP);
-    assert_eq!(
-        errno(OpenOptions::new().read(true).nofollow(true).open(&fs, "/s")),
-        libc::ELOOP
-    );
+    assert_eq!(errno(OpenOptions::new().read(true).nofollow(true).open(&fs, "/s")), libc::ELOOP);
     let md = fs.set_permissions("/f", 0o600).unwrap();
     assert_eq!(md.mode, 0o100600);
     let md = fs.set_owner("/f", Some(7), Some(8)).unwrap();
     assert_eq!((md.uid, md.gid), (7, 8));
-    let t = pwfs::format::Timespec {
-        sec: 1_000_000,
-        nsec: 123_456_789,
-    };
-    let md = fs
-        .set_times("/f", Some(TimeSet::At(t)), Some(TimeSet::At(t)))
-        .unwrap();
+    let t = pwfs::format::Timespec { sec: 1_000_000, nsec: 123_456_789 };
+    let md = fs.set_times("/f", Some(TimeSet::At(t)), Some(TimeSet::At(t))).unwrap();
     assert_eq!((md.atime, md.mtime), (t, t));
     assert!(md.ctime.sec > 1_000_000);
     fs.remove_file("/f").unwrap();
@@ -214,12 +157,7 @@ fn links_symlinks_and_attributes() {
 #[test]
 fn unlinked_open_file_lives_until_close() {
     let (dev, fs) = mem_fs(16 * MIB);
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .open(&fs, "/t")
-        .unwrap();
+    let f = OpenOptions::new().read(true).write(true).create(true).open(&fs, "/t").unwrap();
     f.write_at(&vec![5u8; 100_000], 0).unwrap();
     fs.remove_file("/t").unwrap();
     assert_eq!(errno(fs.metadata("/t")), libc::ENOENT);
@@ -230,10 +168,7 @@ fn unlinked_open_file_lives_until_close() {
     let free_before = fs.statfs().blocks_free;
     drop(f);
     fs.sync().unwrap();
-    assert!(
-        fs.statfs().blocks_free > free_before,
-        "blocks come back after the last close"
-    );
+    assert!(fs.statfs().blocks_free > free_before, "blocks come back after the last close");
     fs.unmount().unwrap();
     fsck_clean(&*dev);
 }
@@ -251,16 +186,11 @@ fn readdir_offsets_are_stable() {
     // Changes elsewhere in the directory do not move the entries after the cursor.
     fs.remove_file("/f0").unwrap();
     fs.write_file("/new", b"").unwrap();
-    let rest = fs
-        .readdir(root, first.last().unwrap().next, usize::MAX)
-        .unwrap();
+    let rest = fs.readdir(root, first.last().unwrap().next, usize::MAX).unwrap();
     let mut names: Vec<Vec<u8>> = first.iter().chain(&rest).map(|e| e.name.clone()).collect();
     names.retain(|n| n != b"new" && n != b"." && n != b"..");
     names.sort();
     let mut want: Vec<Vec<u8>> = (0..100).map(|i| format!("f{i}").into_bytes()).collect();
     want.sort();
-    assert_eq!(
-        names, want,
-        "every entry present before the change is seen exactly once"
-    );
+    assert_eq!(names, want, "every entry present before the change is seen exactly once");
 }

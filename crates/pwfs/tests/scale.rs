@@ -11,34 +11,16 @@ use std::sync::Arc;
 fn directory_with_100k_entries() {
     const N: usize = 100_000;
     let dev = Arc::new(MemDevice::new(512 * MIB));
-    pwfs::mkfs(
-        &*dev,
-        &MkfsOptions {
-            inodes: Some(N as u64 + 1000),
-            journal_blocks: None,
-        },
-    )
-    .unwrap();
+    pwfs::mkfs(&*dev, &MkfsOptions { inodes: Some(N as u64 + 1000), journal_blocks: None }).unwrap();
     let fs = Fs::mount(dev.clone(), test_config()).unwrap();
     fs.create_dir("/big", 0o755).unwrap();
     let dir = fs.metadata("/big").unwrap().ino;
     for i in 0..N {
-        fs.mknod(dir, format!("entry-{i:06}").as_bytes(), 0o644, 0, 0, 0)
-            .unwrap();
+        fs.mknod(dir, format!("entry-{i:06}").as_bytes(), 0o644, 0, 0, 0).unwrap();
     }
-    assert_eq!(
-        errno(fs.mknod(dir, b"entry-000123", 0o644, 0, 0, 0)),
-        libc::EEXIST
-    );
+    assert_eq!(errno(fs.mknod(dir, b"entry-000123", 0o644, 0, 0, 0)), libc::EEXIST);
     fs.unmount().unwrap();
-    let fs = Fs::mount(
-        dev.clone(),
-        Config {
-            check_on_mount: false,
-            ..test_config()
-        },
-    )
-    .unwrap();
+    let fs = Fs::mount(dev.clone(), Config { check_on_mount: false, ..test_config() }).unwrap();
     for i in (0..N).step_by(997) {
         fs.lookup(dir, format!("entry-{i:06}").as_bytes()).unwrap();
     }
@@ -58,18 +40,11 @@ fn io_uring_image_end_to_end() {
     std::fs::create_dir_all(&dir).unwrap();
     let img = dir.join("test.img");
     pwfs::mkfs_image(&img, 64 * MIB, &MkfsOptions::default()).unwrap();
-    let config = Config {
-        cache_bytes: 2 * MIB,
-        ..test_config()
-    };
+    let config = Config { cache_bytes: 2 * MIB, ..test_config() };
     let fs = pwfs::mount_image(&img, config.clone()).unwrap();
     let data: Vec<u8> = (0..5 * MIB as usize).map(|i| (i % 253) as u8).collect();
     fs.write_file("/data", &data).unwrap();
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&fs, "/data")
-        .unwrap();
+    let f = OpenOptions::new().read(true).write(true).open(&fs, "/data").unwrap();
     f.write_at(b"patch", 12345).unwrap();
     f.sync_all().unwrap();
     drop(f);

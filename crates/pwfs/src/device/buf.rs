@@ -40,11 +40,7 @@ impl AlignedBuf {
         // SAFETY: layout has non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        AlignedBuf {
-            ptr,
-            len,
-            origin: Origin::Heap { cap },
-        }
+        AlignedBuf { ptr, len, origin: Origin::Heap { cap } }
     }
 
     pub fn from_slice(data: &[u8]) -> AlignedBuf {
@@ -163,10 +159,7 @@ impl Arena {
         Some(AlignedBuf {
             ptr: NonNull::new(ptr).expect("slot pointer"),
             len,
-            origin: Origin::Arena {
-                arena: self.clone(),
-                slot,
-            },
+            origin: Origin::Arena { arena: self.clone(), slot },
         })
     }
 

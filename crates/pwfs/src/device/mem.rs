@@ -9,14 +9,10 @@ pub struct MemDevice {
 
 impl MemDevice {
     pub fn new(len: u64) -> MemDevice {
-        MemDevice {
-            data: RwLock::new(vec![0; len as usize]),
-        }
+        MemDevice { data: RwLock::new(vec![0; len as usize]) }
     }
     pub fn from_vec(data: Vec<u8>) -> MemDevice {
-        MemDevice {
-            data: RwLock::new(data),
-        }
+        MemDevice { data: RwLock::new(data) }
     }
     pub fn snapshot(&self) -> Vec<u8> {
         self.data.read().clone()
@@ -61,10 +57,7 @@ impl Device for MemDevice {
                         validate(&op, n).map(|_| write_to(&mut d, &op))
                     }
                 };
-                Done {
-                    bufs: op.bufs,
-                    result,
-                }
+                Done { bufs: op.bufs, result }
             })
             .collect()
     }

@@ -42,18 +42,10 @@ pub struct Op {
 
 impl Op {
     pub fn read(offset: u64, buf: AlignedBuf) -> Op {
-        Op {
-            kind: OpKind::Read,
-            offset,
-            bufs: vec![buf],
-        }
+        Op { kind: OpKind::Read, offset, bufs: vec![buf] }
     }
     pub fn write(offset: u64, buf: AlignedBuf) -> Op {
-        Op {
-            kind: OpKind::Write,
-            offset,
-            bufs: vec![buf],
-        }
+        Op { kind: OpKind::Write, offset, bufs: vec![buf] }
     }
     pub fn len(&self) -> u64 {
         self.bufs.iter().map(|b| b.len() as u64).sum()

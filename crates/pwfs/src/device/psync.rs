@@ -12,10 +12,7 @@ pub struct PsyncDevice {
 impl PsyncDevice {
     /// Wrap an open file or block device; `len` is its usable size in bytes.
     pub fn new(file: File, len: u64) -> PsyncDevice {
-        PsyncDevice {
-            file,
-            len: len - len % super::SECTOR,
-        }
+        PsyncDevice { file, len: len - len % super::SECTOR }
     }
 
     fn run(&self, op: &mut Op) -> Result<(), DevError> {
@@ -23,19 +20,14 @@ impl PsyncDevice {
         let iov: Vec<libc::iovec> = op
             .bufs
             .iter_mut()
-            .map(|b| libc::iovec {
-                iov_base: b.as_mut_ptr() as *mut libc::c_void,
-                iov_len: b.len(),
-            })
+            .map(|b| libc::iovec { iov_base: b.as_mut_ptr() as *mut libc::c_void, iov_len: b.len() })
             .collect();
         let fd = self.file.as_raw_fd();
         // SAFETY: every iovec points into a live buffer that `op` owns for the call.
         let n = unsafe {
             match op.kind {
                 OpKind::Read => libc::preadv(fd, iov.as_ptr(), iov.len() as i32, op.offset as i64),
-                OpKind::Write => {
-                    libc::pwritev(fd, iov.as_ptr(), iov.len() as i32, op.offset as i64)
-                }
+                OpKind::Write => libc::pwritev(fd, iov.as_ptr(), iov.len() as i32, op.offset as i64),
             }
         };
         complete(n as i64, op.len())
@@ -45,16 +37,11 @@ impl PsyncDevice {
 /// Turn a byte count or negative errno-style result into the device result.
 pub(crate) fn complete(n: i64, expected: u64) -> Result<(), DevError> {
     if n < 0 {
-        let errno = std::io::Error::last_os_error()
-            .raw_os_error()
-            .unwrap_or(libc::EIO);
+        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
         return Err(DevError::Io(errno));
     }
     if n as u64 != expected {
-        return Err(DevError::Short {
-            expected,
-            got: n as u64,
-        });
+        return Err(DevError::Short { expected, got: n as u64 });
     }
     Ok(())
 }
@@ -68,10 +55,7 @@ impl Device for PsyncDevice {
         ops.into_iter()
             .map(|mut op| {
                 let result = self.run(&mut op);
-                Done {
-                    bufs: op.bufs,
-                    result,
-                }
+                Done { bufs: op.bufs, result }
             })
             .collect()
     }
@@ -80,9 +64,7 @@ impl Device for PsyncDevice {
         // SAFETY: plain syscall on an fd we own.
         let r = unsafe { libc::fdatasync(self.file.as_raw_fd()) };
         if r != 0 {
-            let errno = std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO);
+            let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
             return Err(DevError::Io(errno));
         }
         Ok(())

@@ -104,10 +104,7 @@ impl SimDevice {
 pub fn crash_image(base: &[u8], log: &[LogEntry], upto: usize, seed: u64) -> Vec<u8> {
     let mut image = base.to_vec();
     let log = &log[..upto.min(log.len())];
-    let durable = log
-        .iter()
-        .rposition(|e| matches!(e, LogEntry::Flush))
-        .map_or(0, |i| i + 1);
+    let durable = log.iter().rposition(|e| matches!(e, LogEntry::Flush)).map_or(0, |i| i + 1);
     for e in &log[..durable] {
         if let LogEntry::Write { offset, data } = e {
             image[*offset as usize..*offset as usize + data.len()].copy_from_slice(data);
@@ -169,18 +166,12 @@ impl Device for SimDevice {
                         if s.recording {
                             let mut data = Vec::with_capacity(op.len() as usize);
                             op.bufs.iter().for_each(|b| data.extend_from_slice(b));
-                            s.log.push(LogEntry::Write {
-                                offset: op.offset,
-                                data,
-                            });
+                            s.log.push(LogEntry::Write { offset: op.offset, data });
                         }
                         Ok(())
                     }
                 });
-                Done {
-                    bufs: op.bufs,
-                    result,
-                }
+                Done { bufs: op.bufs, result }
             })
             .collect()
     }

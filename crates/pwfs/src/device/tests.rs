@@ -59,11 +59,8 @@ fn conformance(dev: &dyn Device) {
     arena_buf.copy_from_slice(&pattern(4096, 2));
     let (_, r) = dev.write(4096, arena_buf);
     r.unwrap();
-    let done = dev.submit(vec![Op {
-        kind: OpKind::Write,
-        offset: 16384,
-        bufs: vec![pattern(4096, 3), pattern(512, 4)],
-    }]);
+    let done =
+        dev.submit(vec![Op { kind: OpKind::Write, offset: 16384, bufs: vec![pattern(4096, 3), pattern(512, 4)] }]);
     done[0].result.clone().unwrap();
     assert_eq!(done[0].bufs.len(), 2, "vectored op hands every buffer back");
     dev.flush().unwrap();
@@ -98,24 +95,17 @@ fn conformance(dev: &dyn Device) {
     assert_eq!(r, Err(DevError::OutOfRange));
 
     // A batch larger than any queue depth completes in order of the ops given.
-    let ops: Vec<Op> = (0..200)
-        .map(|i| Op::write(65536 + i * 4096, pattern(4096, i as u8)))
-        .collect();
+    let ops: Vec<Op> = (0..200).map(|i| Op::write(65536 + i * 4096, pattern(4096, i as u8))).collect();
     for d in dev.submit(ops) {
         d.result.unwrap();
     }
-    let ops: Vec<Op> = (0..200)
-        .map(|i| Op::read(65536 + i * 4096, dev.alloc(4096)))
-        .collect();
+    let ops: Vec<Op> = (0..200).map(|i| Op::read(65536 + i * 4096, dev.alloc(4096))).collect();
     for (i, d) in dev.submit(ops).into_iter().enumerate() {
         d.result.unwrap();
         assert_eq!(&d.bufs[0][..], &pattern(4096, i as u8)[..]);
     }
     // Errors in a batch stay with their op.
-    let done = dev.submit(vec![
-        Op::read(0, AlignedBuf::new(512)),
-        Op::read(7, AlignedBuf::new(512)),
-    ]);
+    let done = dev.submit(vec![Op::read(0, AlignedBuf::new(512)), Op::read(7, AlignedBuf::new(512))]);
     assert!(done[0].result.is_ok());
     assert_eq!(done[1].result, Err(DevError::Misaligned));
 }
@@ -133,25 +123,14 @@ fn sim_engine_conforms() {
 #[test]
 fn psync_engine_conforms() {
     let (_d, p) = image_file(LEN);
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&p)
-        .unwrap();
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(&p).unwrap();
     conformance(&PsyncDevice::new(f, LEN));
 }
 
 #[test]
 fn uring_engine_conforms() {
     let (_d, p) = image_file(LEN);
-    let dev = UringDevice::open(
-        &p,
-        &UringOptions {
-            arena_bytes: 1 << 20,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let dev = UringDevice::open(&p, &UringOptions { arena_bytes: 1 << 20, ..Default::default() }).unwrap();
     conformance(&dev);
     // Rings are per thread: a second thread gets its own and sees the same bytes.
     let dev = std::sync::Arc::new(dev);
@@ -170,65 +149,30 @@ fn uring_short_read_is_an_error() {
     // A file whose size is not what the device claims: reading past its real end is
     // short, and the engine must say so rather than succeed.
     let (_d, p) = image_file(LEN);
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&p)
-        .unwrap();
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(&p).unwrap();
     let dev = UringDevice::from_file(f, 2 * LEN, &UringOptions::default()).unwrap();
     let (_, r) = dev.read(LEN - 4096, AlignedBuf::new(8192));
-    assert_eq!(
-        r,
-        Err(DevError::Short {
-            expected: 8192,
-            got: 4096
-        })
-    );
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&p)
-        .unwrap();
+    assert_eq!(r, Err(DevError::Short { expected: 8192, got: 4096 }));
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(&p).unwrap();
     let dev = PsyncDevice::new(f, 2 * LEN);
     let (_, r) = dev.read(LEN - 4096, AlignedBuf::new(8192));
-    assert_eq!(
-        r,
-        Err(DevError::Short {
-            expected: 8192,
-            got: 4096
-        })
-    );
+    assert_eq!(r, Err(DevError::Short { expected: 8192, got: 4096 }));
 }
 
 #[test]
 fn sim_faults_are_seeded_and_reported() {
-    let cfg = SimConfig {
-        seed: 7,
-        write_fail: 0.5,
-        ..Default::default()
-    };
+    let cfg = SimConfig { seed: 7, write_fail: 0.5, ..Default::default() };
     let run = || {
         let dev = SimDevice::new(vec![0; LEN as usize], cfg.clone());
-        (0..64)
-            .map(|i| dev.write(i * 4096, AlignedBuf::new(4096)).1.is_ok())
-            .collect::<Vec<_>>()
+        (0..64).map(|i| dev.write(i * 4096, AlignedBuf::new(4096)).1.is_ok()).collect::<Vec<_>>()
     };
     let a = run();
     assert_eq!(a, run(), "same seed, same faults");
     assert!(a.iter().any(|ok| *ok) && a.iter().any(|ok| !*ok));
-    let dev = SimDevice::new(
-        vec![0; LEN as usize],
-        SimConfig {
-            fail_writes_after: Some(2),
-            ..Default::default()
-        },
-    );
+    let dev = SimDevice::new(vec![0; LEN as usize], SimConfig { fail_writes_after: Some(2), ..Default::default() });
     assert!(dev.write(0, AlignedBuf::new(512)).1.is_ok());
     assert!(dev.write(0, AlignedBuf::new(512)).1.is_ok());
-    assert_eq!(
-        dev.write(0, AlignedBuf::new(512)).1,
-        Err(DevError::Io(libc::EIO))
-    );
+    assert_eq!(dev.write(0, AlignedBuf::new(512)).1, Err(DevError::Io(libc::EIO)));
 }
 
 #[test]
@@ -247,11 +191,7 @@ fn flush_orders_writes_in_crash_images() {
         // What was flushed always survives.
         assert_eq!(&img[..4096], &pattern(4096, 9)[..], "seed {seed}");
         let after = &img[4096..8192];
-        let kept = after
-            .chunks(512)
-            .zip(pattern(4096, 10).chunks(512))
-            .filter(|(a, b)| a == b)
-            .count();
+        let kept = after.chunks(512).zip(pattern(4096, 10).chunks(512)).filter(|(a, b)| a == b).count();
         saw_lost |= kept == 0;
         saw_torn |= kept > 0 && kept < 8;
     }

@@ -54,11 +54,7 @@ pub struct UringOptions {
 
 impl Default for UringOptions {
     fn default() -> Self {
-        UringOptions {
-            arena_bytes: 64 << 20,
-            queue_depth: 64,
-            direct: true,
-        }
+        UringOptions { arena_bytes: 64 << 20, queue_depth: 64, direct: true }
     }
 }
 
@@ -97,10 +93,7 @@ impl UringDevice {
             // Drop rings of devices that are gone before adding one.
             rings.retain(|r| r.arena.strong_count() > 0);
             let ring = IoUring::new(self.depth.next_power_of_two()).expect("io_uring_setup");
-            let iov = libc::iovec {
-                iov_base: self.arena.base() as *mut libc::c_void,
-                iov_len: self.arena.bytes(),
-            };
+            let iov = libc::iovec { iov_base: self.arena.base() as *mut libc::c_void, iov_len: self.arena.bytes() };
             // SAFETY: the arena outlives every use of the registration: a ring is only
             // used through `self`, which holds the arena, and is pruned once it is gone.
             let fixed = unsafe { ring.submitter().register_buffers(&[iov]) }.is_ok();
@@ -109,66 +102,35 @@ impl UringDevice {
                 && ring.submitter().register_probe(&mut probe).is_ok()
                 && probe.is_supported(opcode::ReadvFixed::CODE)
                 && probe.is_supported(opcode::WritevFixed::CODE);
-            rings.push(Ring {
-                device: self.id,
-                arena: Arc::downgrade(&self.arena),
-                ring,
-                fixed,
-                vec_fixed,
-            });
+            rings.push(Ring { device: self.id, arena: Arc::downgrade(&self.arena), ring, fixed, vec_fixed });
             f(rings.last_mut().expect("just pushed"))
         })
     }
 
-    fn entry(
-        &self,
-        op: &mut Op,
-        iovs: &mut Vec<libc::iovec>,
-        fixed: bool,
-        vec_fixed: bool,
-    ) -> io_uring::squeue::Entry {
+    fn entry(&self, op: &mut Op, iovs: &mut Vec<libc::iovec>, fixed: bool, vec_fixed: bool) -> io_uring::squeue::Entry {
         let fd = types::Fd(self.file.as_raw_fd());
         if op.bufs.len() == 1 {
-            let own = op.bufs[0]
-                .arena()
-                .is_some_and(|a| Arc::ptr_eq(a, &self.arena));
+            let own = op.bufs[0].arena().is_some_and(|a| Arc::ptr_eq(a, &self.arena));
             let b = &mut op.bufs[0];
             let (ptr, len) = (b.as_mut_ptr(), b.len() as u32);
             return match (op.kind, own && fixed) {
-                (OpKind::Read, true) => opcode::ReadFixed::new(fd, ptr, len, 0)
-                    .offset(op.offset)
-                    .build(),
-                (OpKind::Write, true) => opcode::WriteFixed::new(fd, ptr, len, 0)
-                    .offset(op.offset)
-                    .build(),
+                (OpKind::Read, true) => opcode::ReadFixed::new(fd, ptr, len, 0).offset(op.offset).build(),
+                (OpKind::Write, true) => opcode::WriteFixed::new(fd, ptr, len, 0).offset(op.offset).build(),
                 (OpKind::Read, false) => opcode::Read::new(fd, ptr, len).offset(op.offset).build(),
-                (OpKind::Write, false) => {
-                    opcode::Write::new(fd, ptr, len).offset(op.offset).build()
-                }
+                (OpKind::Write, false) => opcode::Write::new(fd, ptr, len).offset(op.offset).build(),
             };
         }
         *iovs = op
             .bufs
             .iter_mut()
-            .map(|b| libc::iovec {
-                iov_base: b.as_mut_ptr() as *mut libc::c_void,
-                iov_len: b.len(),
-            })
+            .map(|b| libc::iovec { iov_base: b.as_mut_ptr() as *mut libc::c_void, iov_len: b.len() })
             .collect();
         // All buffers in the registered arena: the kernel need not pin their pages.
-        let fixed_vec = vec_fixed
-            && op
-                .bufs
-                .iter()
-                .all(|b| b.arena().is_some_and(|a| Arc::ptr_eq(a, &self.arena)));
+        let fixed_vec = vec_fixed && op.bufs.iter().all(|b| b.arena().is_some_and(|a| Arc::ptr_eq(a, &self.arena)));
         let (ptr, n) = (iovs.as_ptr(), iovs.len() as u32);
         match (op.kind, fixed_vec) {
-            (OpKind::Read, true) => opcode::ReadvFixed::new(fd, ptr, n, 0)
-                .offset(op.offset)
-                .build(),
-            (OpKind::Write, true) => opcode::WritevFixed::new(fd, ptr, n, 0)
-                .offset(op.offset)
-                .build(),
+            (OpKind::Read, true) => opcode::ReadvFixed::new(fd, ptr, n, 0).offset(op.offset).build(),
+            (OpKind::Write, true) => opcode::WritevFixed::new(fd, ptr, n, 0).offset(op.offset).build(),
             (OpKind::Read, false) => opcode::Readv::new(fd, ptr, n).offset(op.offset).build(),
             (OpKind::Write, false) => opcode::Writev::new(fd, ptr, n).offset(op.offset).build(),
         }
@@ -181,9 +143,7 @@ impl Device for UringDevice {
     }
 
     fn alloc(&self, len: usize) -> AlignedBuf {
-        self.arena
-            .alloc(len)
-            .unwrap_or_else(|| AlignedBuf::new(len))
+        self.arena.alloc(len).unwrap_or_else(|| AlignedBuf::new(len))
     }
 
     fn submit(&self, mut ops: Vec<Op>) -> Vec<Done> {
@@ -201,9 +161,8 @@ impl Device for UringDevice {
             loop {
                 while next < n && in_flight < self.depth {
                     if results[next].is_none() {
-                        let e = self
-                            .entry(&mut ops[next], &mut iovs[next], r.fixed, r.vec_fixed)
-                            .user_data(next as u64);
+                        let e =
+                            self.entry(&mut ops[next], &mut iovs[next], r.fixed, r.vec_fixed).user_data(next as u64);
                         // SAFETY: buffers and iovecs stay alive and unmoved until the
                         // completion for this entry is reaped below.
                         if unsafe { r.ring.submission().push(&e) }.is_err() {
@@ -225,31 +184,22 @@ impl Device for UringDevice {
                 for cqe in r.ring.completion() {
                     let i = cqe.user_data() as usize;
                     let res = cqe.result();
-                    results[i] = Some(if res < 0 {
-                        Err(DevError::Io(-res))
-                    } else {
-                        complete(res as i64, ops[i].len())
-                    });
+                    results[i] =
+                        Some(if res < 0 { Err(DevError::Io(-res)) } else { complete(res as i64, ops[i].len()) });
                     in_flight -= 1;
                 }
             }
         });
         ops.into_iter()
             .zip(results)
-            .map(|(op, r)| Done {
-                bufs: op.bufs,
-                result: r.expect("every op completed"),
-            })
+            .map(|(op, r)| Done { bufs: op.bufs, result: r.expect("every op completed") })
             .collect()
     }
 
     fn flush(&self) -> Result<(), DevError> {
         self.with_ring(|r| {
             let fd = types::Fd(self.file.as_raw_fd());
-            let e = opcode::Fsync::new(fd)
-                .flags(types::FsyncFlags::DATASYNC)
-                .build()
-                .user_data(u64::MAX);
+            let e = opcode::Fsync::new(fd).flags(types::FsyncFlags::DATASYNC).build().user_data(u64::MAX);
             // SAFETY: the entry references no memory.
             unsafe { r.ring.submission().push(&e) }.map_err(|_| DevError::Io(libc::EBUSY))?;
             loop {

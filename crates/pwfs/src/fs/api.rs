@@ -222,10 +222,7 @@ impl File {
 
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
         if !self.readable {
-            return Err(Error::new(
-                ErrorKind::BadHandle,
-                "file not open for reading",
-            ));
+            return Err(Error::new(ErrorKind::BadHandle, "file not open for reading"));
         }
         self.fs.read(self.ino, offset, buf)
     }
@@ -233,10 +230,7 @@ impl File {
     /// Write all of `data` at `offset` (at the end of file for O_APPEND handles).
     pub fn write_at(&self, data: &[u8], offset: u64) -> Result<usize> {
         if !self.writable {
-            return Err(Error::new(
-                ErrorKind::BadHandle,
-                "file not open for writing",
-            ));
+            return Err(Error::new(ErrorKind::BadHandle, "file not open for writing"));
         }
         self.fs.write(self.ino, offset, data, self.append)?;
         Ok(data.len())
@@ -253,10 +247,7 @@ impl File {
     /// Write at the file position (or the end, for O_APPEND), advancing it.
     pub fn write(&self, data: &[u8]) -> Result<usize> {
         if !self.writable {
-            return Err(Error::new(
-                ErrorKind::BadHandle,
-                "file not open for writing",
-            ));
+            return Err(Error::new(ErrorKind::BadHandle, "file not open for writing"));
         }
         let mut pos = self.pos.lock();
         let at = self.fs.write(self.ino, *pos, data, self.append)?;
@@ -274,11 +265,7 @@ impl File {
             io::SeekFrom::Current(d) => (*pos as i64, d),
             io::SeekFrom::End(d) => (self.metadata()?.size as i64, d),
         };
-        let n = base
-            .0
-            .checked_add(base.1)
-            .filter(|n| *n >= 0)
-            .ok_or_else(|| Error::invalid("seek before start"))?;
+        let n = base.0.checked_add(base.1).filter(|n| *n >= 0).ok_or_else(|| Error::invalid("seek before start"))?;
         *pos = n as u64;
         Ok(n as u64)
     }
@@ -351,15 +338,8 @@ impl Fs {
         if path.len() >= PATH_MAX {
             return Err(Error::name_too_long("path longer than PATH_MAX"));
         }
-        let mut cur = if path.starts_with(b"/") {
-            f::ROOT_INO
-        } else {
-            start
-        };
-        let comps: Vec<&[u8]> = path
-            .split(|c| *c == b'/')
-            .filter(|c| !c.is_empty())
-            .collect();
+        let mut cur = if path.starts_with(b"/") { f::ROOT_INO } else { start };
+        let comps: Vec<&[u8]> = path.split(|c| *c == b'/').filter(|c| !c.is_empty()).collect();
         for (i, c) in comps.iter().enumerate() {
             let last = i + 1 == comps.len();
             let md = self.lookup(cur, c)?;
@@ -398,11 +378,7 @@ impl Fs {
         if name.is_empty() || name == b"/" {
             return Err(Error::new(ErrorKind::Busy, "the root directory"));
         }
-        let parent = if dir.is_empty() {
-            f::ROOT_INO
-        } else {
-            self.walk(f::ROOT_INO, dir, true, &mut 0)?
-        };
+        let parent = if dir.is_empty() { f::ROOT_INO } else { self.walk(f::ROOT_INO, dir, true, &mut 0)? };
         Ok((parent, name))
     }
 
@@ -417,33 +393,16 @@ impl Fs {
         }
         let ino = if o.create_new {
             let (parent, name) = self.resolve_parent(path)?;
-            self.mknod(
-                parent,
-                name,
-                f::S_IFREG | (o.mode & 0o7777),
-                0,
-                o.uid,
-                o.gid,
-            )?
-            .ino
+            self.mknod(parent, name, f::S_IFREG | (o.mode & 0o7777), 0, o.uid, o.gid)?.ino
         } else {
             match self.resolve(path, !o.nofollow) {
                 Ok(ino) => ino,
                 Err(e) if e.kind == ErrorKind::NotFound && o.create => {
                     let (parent, name) = self.resolve_parent(path)?;
-                    match self.mknod(
-                        parent,
-                        name,
-                        f::S_IFREG | (o.mode & 0o7777),
-                        0,
-                        o.uid,
-                        o.gid,
-                    ) {
+                    match self.mknod(parent, name, f::S_IFREG | (o.mode & 0o7777), 0, o.uid, o.gid) {
                         Ok(md) => md.ino,
                         // Lost a race with another creator, or a dangling symlink.
-                        Err(e2) if e2.kind == ErrorKind::Exists => {
-                            self.resolve(path, !o.nofollow)?
-                        }
+                        Err(e2) if e2.kind == ErrorKind::Exists => self.resolve(path, !o.nofollow)?,
                         Err(e2) => return Err(e2),
                     }
                 }
@@ -451,14 +410,7 @@ impl Fs {
             }
         };
         let md = self.open_ino(ino)?;
-        let file = File {
-            fs: self.clone(),
-            ino,
-            pos: Mutex::new(0),
-            readable: o.read,
-            writable,
-            append: o.append,
-        };
+        let file = File { fs: self.clone(), ino, pos: Mutex::new(0), readable: o.read, writable, append: o.append };
         match md.kind {
             FileType::Directory if writable => return Err(Error::is_dir("")),
             FileType::Symlink => return Err(Error::is_loop("O_NOFOLLOW on a symlink")),
@@ -471,11 +423,7 @@ impl Fs {
     }
 
     pub fn create(&self, path: impl AsRef<[u8]>) -> Result<File> {
-        OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(self, path)
+        OpenOptions::new().write(true).create(true).truncate(true).open(self, path)
     }
 
     pub fn metadata(&self, path: impl AsRef<[u8]>) -> Result<Metadata> {
@@ -487,9 +435,7 @@ impl Fs {
     }
 
     pub fn create_dir(&self, path: impl AsRef<[u8]>, mode: u32) -> Result<Metadata> {
-        let (parent, name) = self
-            .resolve_parent(path.as_ref())
-            .map_err(|e| busy_is(e, ErrorKind::Exists))?;
+        let (parent, name) = self.resolve_parent(path.as_ref()).map_err(|e| busy_is(e, ErrorKind::Exists))?;
         self.mkdir(parent, name, mode, 0, 0)
     }
 
@@ -499,9 +445,7 @@ impl Fs {
     }
 
     pub fn remove_file(&self, path: impl AsRef<[u8]>) -> Result<()> {
-        let (parent, name) = self
-            .resolve_parent(path.as_ref())
-            .map_err(|e| busy_is(e, ErrorKind::IsDir))?;
+        let (parent, name) = self.resolve_parent(path.as_ref()).map_err(|e| busy_is(e, ErrorKind::IsDir))?;
         self.unlink(parent, name)
     }
 
@@ -513,21 +457,13 @@ impl Fs {
 
     pub fn hard_link(&self, src: impl AsRef<[u8]>, dst: impl AsRef<[u8]>) -> Result<Metadata> {
         let ino = self.resolve(src, false)?;
-        let (parent, name) = self
-            .resolve_parent(dst.as_ref())
-            .map_err(|e| busy_is(e, ErrorKind::Exists))?;
+        let (parent, name) = self.resolve_parent(dst.as_ref()).map_err(|e| busy_is(e, ErrorKind::Exists))?;
         self.link(ino, parent, name)
     }
 
     /// Create `link` pointing at `target`.
-    pub fn symlink_path(
-        &self,
-        target: impl AsRef<[u8]>,
-        link: impl AsRef<[u8]>,
-    ) -> Result<Metadata> {
-        let (parent, name) = self
-            .resolve_parent(link.as_ref())
-            .map_err(|e| busy_is(e, ErrorKind::Exists))?;
+    pub fn symlink_path(&self, target: impl AsRef<[u8]>, link: impl AsRef<[u8]>) -> Result<Metadata> {
+        let (parent, name) = self.resolve_parent(link.as_ref()).map_err(|e| busy_is(e, ErrorKind::Exists))?;
         self.symlink(parent, name, target.as_ref(), 0, 0)
     }
 
@@ -536,29 +472,11 @@ impl Fs {
     }
 
     pub fn set_permissions(&self, path: impl AsRef<[u8]>, mode: u32) -> Result<Metadata> {
-        self.setattr(
-            self.resolve(path, true)?,
-            &SetAttr {
-                mode: Some(mode),
-                ..Default::default()
-            },
-        )
+        self.setattr(self.resolve(path, true)?, &SetAttr { mode: Some(mode), ..Default::default() })
     }
 
-    pub fn set_owner(
-        &self,
-        path: impl AsRef<[u8]>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-    ) -> Result<Metadata> {
-        self.setattr(
-            self.resolve(path, true)?,
-            &SetAttr {
-                uid,
-                gid,
-                ..Default::default()
-            },
-        )
+    pub fn set_owner(&self, path: impl AsRef<[u8]>, uid: Option<u32>, gid: Option<u32>) -> Result<Metadata> {
+        self.setattr(self.resolve(path, true)?, &SetAttr { uid, gid, ..Default::default() })
     }
 
     pub fn set_times(
@@ -567,14 +485,7 @@ impl Fs {
         atime: Option<TimeSet>,
         mtime: Option<TimeSet>,
     ) -> Result<Metadata> {
-        self.setattr(
-            self.resolve(path, true)?,
-            &SetAttr {
-                atime,
-                mtime,
-                ..Default::default()
-            },
-        )
+        self.setattr(self.resolve(path, true)?, &SetAttr { atime, mtime, ..Default::default() })
     }
 
     pub fn set_len(&self, path: impl AsRef<[u8]>, size: u64) -> Result<()> {

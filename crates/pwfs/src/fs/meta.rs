@@ -9,9 +9,7 @@
 use crate::alloc::Allocator;
 use crate::device::{AlignedBuf, Device};
 use crate::error::{Error, Result};
-use crate::format::{
-    self as f, DiskInode, Extent, ExtentBlock, Superblock, Timespec, BLOCK, BLOCK_SIZE,
-};
+use crate::format::{self as f, DiskInode, Extent, ExtentBlock, Superblock, Timespec, BLOCK, BLOCK_SIZE};
 use crate::journal::Transaction;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -50,10 +48,7 @@ impl Inode {
     /// Add a mapping, merging with the previous extent when contiguous.
     pub fn add_mapping(&mut self, lblk: u64, phys: u64, len: u64) {
         if let Some((start, (l, p))) = self.extents.range_mut(..lblk as u32).next_back() {
-            if *start as u64 + *l as u64 == lblk
-                && *p + *l as u64 == phys
-                && *l as u64 + len <= u32::MAX as u64
-            {
+            if *start as u64 + *l as u64 == lblk && *p + *l as u64 == phys && *l as u64 + len <= u32::MAX as u64 {
                 *l += len as u32;
                 return;
             }
@@ -130,13 +125,8 @@ pub struct Meta {
 }
 
 pub fn now() -> Timespec {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    Timespec {
-        sec: d.as_secs() as i64,
-        nsec: d.subsec_nanos(),
-    }
+    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    Timespec { sec: d.as_secs() as i64, nsec: d.subsec_nanos() }
 }
 
 pub fn ftype_of(mode: u32) -> u8 {
@@ -158,11 +148,7 @@ fn bit(words: &[u64], i: u64) -> bool {
 
 impl Meta {
     /// Load the allocators from the on-disk bitmaps (after journal replay).
-    pub fn load(
-        sb: Superblock,
-        dev: Arc<dyn Device>,
-        preloaded: BTreeMap<u64, Vec<u8>>,
-    ) -> Result<Meta> {
+    pub fn load(sb: Superblock, dev: Arc<dyn Device>, preloaded: BTreeMap<u64, Vec<u8>>) -> Result<Meta> {
         let mut m = Meta {
             alloc: Allocator::new(sb.data_start, sb.data_blocks()),
             iused: vec![0; sb.inode_count.div_ceil(64) as usize],
@@ -228,9 +214,7 @@ impl Meta {
     pub fn block(&mut self, b: u64) -> Result<&mut AlignedBuf> {
         if !self.blocks.contains_key(&b) {
             if b >= self.sb.total_blocks {
-                return Err(Error::corrupt(format!(
-                    "metadata block {b} past the end of the device"
-                )));
+                return Err(Error::corrupt(format!("metadata block {b} past the end of the device")));
             }
             self.shrink();
             let (buf, r) = self.dev.read(b * BLOCK, self.dev.alloc(BLOCK_SIZE));
@@ -293,14 +277,7 @@ impl Meta {
         }
         let revokes = std::mem::take(&mut self.tx_revokes).into_iter().collect();
         let frees = self.alloc.take_pending();
-        Ok((
-            Transaction {
-                images,
-                revokes,
-                extra: Vec::new(),
-            },
-            frees,
-        ))
+        Ok((Transaction { images, revokes, extra: Vec::new() }, frees))
     }
 
     /// Paired assertion: a bitmap block about to be logged must carry a valid checksum.
@@ -332,9 +309,24 @@ impl Meta {
         Ok(())
     }
 
+    /// Set or clear the bits of a run of blocks, sealing each bitmap block once.
     fn mark_blocks(&mut self, first: u64, count: u64, used: bool) -> Result<()> {
-        for b in first..first + count {
-            self.set_bitmap(self.sb.block_bitmap_start, b, used)?;
+        let per = f::BITS_PER_BITMAP_BLOCK;
+        let mut b = first;
+        while b < first + count {
+            let blk = b / per;
+            let end = (first + count).min((blk + 1) * per);
+            let buf = self.modify(self.sb.block_bitmap_start + blk)?;
+            for i in (b % per)..(b % per + (end - b)) {
+                let byte = &mut buf[(i / 8) as usize];
+                if used {
+                    *byte |= 1 << (i % 8);
+                } else {
+                    *byte &= !(1 << (i % 8));
+                }
+            }
+            f::bitmap_seal(buf, blk);
+            b = end;
         }
         Ok(())
     }
@@ -346,10 +338,7 @@ impl Meta {
 
     /// Allocate a run of data blocks (for reserved pages: the reservation is consumed).
     pub fn alloc_data(&mut self, want: u64, goal: Option<u64>) -> Result<(u64, u64)> {
-        let (first, n) = self
-            .alloc
-            .alloc(want, goal)
-            .ok_or_else(|| Error::no_space("no free data blocks"))?;
+        let (first, n) = self.alloc.alloc(want, goal).ok_or_else(|| Error::no_space("no free data blocks"))?;
         self.mark_blocks(first, n, true)?;
         Ok((first, n))
     }
@@ -382,10 +371,7 @@ impl Meta {
 
     fn inode_slot(&self, ino: u64) -> (u64, usize) {
         let i = ino - 1;
-        (
-            self.sb.inode_table_start + i / f::INODES_PER_BLOCK,
-            (i % f::INODES_PER_BLOCK) as usize * f::INODE_SIZE,
-        )
+        (self.sb.inode_table_start + i / f::INODES_PER_BLOCK, (i % f::INODES_PER_BLOCK) as usize * f::INODE_SIZE)
     }
 
     pub fn valid_ino(&self, ino: u64) -> bool {
@@ -406,17 +392,9 @@ impl Meta {
     fn load_inode(&mut self, ino: u64) -> Result<Inode> {
         let (blk, off) = self.inode_slot(ino);
         let b = self.block(blk)?;
-        let d = DiskInode::decode(ino, &b[off..off + f::INODE_SIZE])?.ok_or_else(|| {
-            Error::corrupt(format!(
-                "inode {ino} is marked in use but its slot is empty"
-            ))
-        })?;
-        let mut node = Inode {
-            extents: BTreeMap::new(),
-            chain: Vec::new(),
-            reserved: BTreeSet::new(),
-            d,
-        };
+        let d = DiskInode::decode(ino, &b[off..off + f::INODE_SIZE])?
+            .ok_or_else(|| Error::corrupt(format!("inode {ino} is marked in use but its slot is empty")))?;
+        let mut node = Inode { extents: BTreeMap::new(), chain: Vec::new(), reserved: BTreeSet::new(), d };
         let mut all: Vec<Extent> = node.d.extents.clone();
         let mut next = node.d.ext_block;
         while next != 0 {
@@ -428,28 +406,18 @@ impl Meta {
             }
             let eb = ExtentBlock::decode(self.block(next)?)?;
             if eb.ino != ino {
-                return Err(Error::corrupt(format!(
-                    "inode {ino}: extent block {next} belongs to inode {}",
-                    eb.ino
-                )));
+                return Err(Error::corrupt(format!("inode {ino}: extent block {next} belongs to inode {}", eb.ino)));
             }
             node.chain.push(next);
             all.extend(eb.extents);
             next = eb.next;
         }
         if all.len() != node.d.n_extents as usize && node.d.flags & f::INODE_FLAG_INLINE == 0 {
-            return Err(Error::corrupt(format!(
-                "inode {ino}: extent count mismatch"
-            )));
+            return Err(Error::corrupt(format!("inode {ino}: extent count mismatch")));
         }
         for e in all {
-            if e.len == 0
-                || e.physical < self.sb.data_start
-                || e.physical + e.len as u64 > self.sb.data_end
-            {
-                return Err(Error::corrupt(format!(
-                    "inode {ino}: extent outside the data area"
-                )));
+            if e.len == 0 || e.physical < self.sb.data_start || e.physical + e.len as u64 > self.sb.data_end {
+                return Err(Error::corrupt(format!("inode {ino}: extent outside the data area")));
             }
             node.extents.insert(e.logical, (e.len, e.physical));
         }
@@ -466,15 +434,8 @@ impl Meta {
             return Ok(());
         };
         let mut node = node.clone();
-        let extents: Vec<Extent> = node
-            .extents
-            .iter()
-            .map(|(l, (n, p))| Extent {
-                logical: *l,
-                len: *n,
-                physical: *p,
-            })
-            .collect();
+        let extents: Vec<Extent> =
+            node.extents.iter().map(|(l, (n, p))| Extent { logical: *l, len: *n, physical: *p }).collect();
         let overflow = extents.len().saturating_sub(f::INLINE_EXTENTS);
         let need = overflow.div_ceil(f::EXTENTS_PER_BLOCK);
         while node.chain.len() < need {
@@ -488,11 +449,7 @@ impl Meta {
         for (i, blk) in node.chain.iter().enumerate() {
             let part = &extents[f::INLINE_EXTENTS + i * f::EXTENTS_PER_BLOCK..];
             let part = &part[..part.len().min(f::EXTENTS_PER_BLOCK)];
-            let eb = ExtentBlock {
-                ino,
-                next: node.chain.get(i + 1).copied().unwrap_or(0),
-                extents: part.to_vec(),
-            };
+            let eb = ExtentBlock { ino, next: node.chain.get(i + 1).copied().unwrap_or(0), extents: part.to_vec() };
             eb.encode(self.fresh(*blk));
         }
         node.d.n_extents = extents.len() as u32;
@@ -524,10 +481,7 @@ impl Meta {
         self.set_bitmap(self.sb.inode_bitmap_start, i, true)?;
         let ino = i + 1;
         let t = now();
-        self.generation_seed = self
-            .generation_seed
-            .wrapping_mul(1_103_515_245)
-            .wrapping_add(12345);
+        self.generation_seed = self.generation_seed.wrapping_mul(1_103_515_245).wrapping_add(12345);
         let d = DiskInode {
             mode,
             uid,
@@ -539,15 +493,7 @@ impl Meta {
             generation: self.generation_seed,
             ..Default::default()
         };
-        self.inodes.insert(
-            ino,
-            Inode {
-                d,
-                extents: BTreeMap::new(),
-                chain: Vec::new(),
-                reserved: BTreeSet::new(),
-            },
-        );
+        self.inodes.insert(ino, Inode { d, extents: BTreeMap::new(), chain: Vec::new(), reserved: BTreeSet::new() });
         self.dirty_inodes.insert(ino);
         Ok(ino)
     }
@@ -578,10 +524,7 @@ impl Meta {
 
     /// Every in-use inode number (orphan scan at mount, fsck-like walks).
     pub fn used_inodes(&self) -> Vec<u64> {
-        (0..self.sb.inode_count)
-            .filter(|i| bit(&self.iused, *i))
-            .map(|i| i + 1)
-            .collect()
+        (0..self.sb.inode_count).filter(|i| bit(&self.iused, *i)).map(|i| i + 1).collect()
     }
 
     // ------------------------------------------------------------ directories
@@ -603,11 +546,8 @@ impl Meta {
                 return Err(Error::not_dir(""));
             }
             let nblocks = node.d.size / BLOCK;
-            let mut idx = DirIndex {
-                names: HashMap::new(),
-                free: BTreeSet::new(),
-                slots: nblocks * f::DIRENTS_PER_BLOCK as u64,
-            };
+            let mut idx =
+                DirIndex { names: HashMap::new(), free: BTreeSet::new(), slots: nblocks * f::DIRENTS_PER_BLOCK as u64 };
             for l in 0..nblocks {
                 let (phys, _) = self.dir_slot_block(dir, l * f::DIRENTS_PER_BLOCK as u64)?;
                 let entries = f::dir_block_decode(dir, self.block(phys)?)?;
@@ -616,9 +556,7 @@ impl Meta {
                     match e {
                         Some(e) => {
                             if idx.names.insert(e.name, slot).is_some() {
-                                return Err(Error::corrupt(format!(
-                                    "directory {dir}: duplicate name"
-                                )));
+                                return Err(Error::corrupt(format!("directory {dir}: duplicate name")));
                             }
                         }
                         None => {
@@ -649,9 +587,7 @@ impl Meta {
             Some(s) => *s,
             None => return Ok(None),
         };
-        let e = self
-            .dir_entry(dir, slot)?
-            .ok_or_else(|| Error::corrupt("directory index out of date"))?;
+        let e = self.dir_entry(dir, slot)?.ok_or_else(|| Error::corrupt("directory index out of date"))?;
         Ok(Some((e.ino, slot)))
     }
 
@@ -677,26 +613,14 @@ impl Meta {
         };
         let (phys, i) = self.dir_slot_block(dir, slot)?;
         let b = self.modify(phys)?;
-        f::dirent_put(
-            b,
-            i,
-            Some(&f::Dirent {
-                ino,
-                ftype,
-                name: name.to_vec(),
-            }),
-        );
+        f::dirent_put(b, i, Some(&f::Dirent { ino, ftype, name: name.to_vec() }));
         f::dir_block_seal(b);
         self.dir(dir)?.names.insert(name.to_vec(), slot);
         Ok(())
     }
 
     pub fn dir_remove(&mut self, dir: u64, name: &[u8]) -> Result<()> {
-        let slot = self
-            .dir(dir)?
-            .names
-            .remove(name)
-            .ok_or_else(|| Error::not_found(""))?;
+        let slot = self.dir(dir)?.names.remove(name).ok_or_else(|| Error::not_found(""))?;
         let (phys, i) = self.dir_slot_block(dir, slot)?;
         let b = self.modify(phys)?;
         f::dirent_put(b, i, None);
@@ -707,22 +631,10 @@ impl Meta {
 
     /// Point an existing entry at another inode (rename over an existing name).
     pub fn dir_replace(&mut self, dir: u64, name: &[u8], ino: u64, ftype: u8) -> Result<()> {
-        let slot = *self
-            .dir(dir)?
-            .names
-            .get(name)
-            .ok_or_else(|| Error::not_found(""))?;
+        let slot = *self.dir(dir)?.names.get(name).ok_or_else(|| Error::not_found(""))?;
         let (phys, i) = self.dir_slot_block(dir, slot)?;
         let b = self.modify(phys)?;
-        f::dirent_put(
-            b,
-            i,
-            Some(&f::Dirent {
-                ino,
-                ftype,
-                name: name.to_vec(),
-            }),
-        );
+        f::dirent_put(b, i, Some(&f::Dirent { ino, ftype, name: name.to_vec() }));
         f::dir_block_seal(b);
         Ok(())
     }
@@ -749,12 +661,8 @@ mod tests {
     use super::*;
 
     fn node(extents: &[(u32, u32, u64)]) -> Inode {
-        let mut n = Inode {
-            d: DiskInode::default(),
-            extents: BTreeMap::new(),
-            chain: Vec::new(),
-            reserved: BTreeSet::new(),
-        };
+        let mut n =
+            Inode { d: DiskInode::default(), extents: BTreeMap::new(), chain: Vec::new(), reserved: BTreeSet::new() };
         for (l, len, p) in extents {
             n.extents.insert(*l, (*len, *p));
         }

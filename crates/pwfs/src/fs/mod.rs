@@ -17,7 +17,7 @@ pub mod api;
 pub mod meta;
 mod ops;
 
-use crate::cache::{Page, PageCache, PageState};
+use crate::cache::{Page, PageCache};
 use crate::config::Config;
 use crate::device::{AlignedBuf, Device, Op, OpKind};
 use crate::error::{Error, ErrorKind, Result};
@@ -59,11 +59,15 @@ pub(crate) struct FsInner {
     /// Serializes write-back, commit, and block freeing (see `lock` for the order).
     pub commit_lock: Mutex<()>,
     poisoned: Mutex<Option<String>>,
-    stop: (Mutex<bool>, Condvar),
+    /// Stop flag and wake-up of the write-back thread (shared, so that it waits
+    /// without keeping the file system alive).
+    wake: Arc<(Mutex<bool>, Condvar)>,
+    /// The write-back thread was woken for dirty data (not by its timer).
+    kick: std::sync::atomic::AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
-    /// Readahead: where each file's sequential reader is expected next, and the
-    /// queue of the background reader.
-    ra_next: Mutex<std::collections::HashMap<u64, u64>>,
+    /// Readahead: per file, where its sequential reader is expected next and the
+    /// first page not yet queued for reading ahead; and the background reader's queue.
+    ra_next: Mutex<std::collections::HashMap<u64, (u64, u64)>>,
     ra_queue: Mutex<Option<std::sync::mpsc::Sender<(u64, u64, u64)>>>,
     pub stats: FsStats,
 }
@@ -85,52 +89,28 @@ pub struct MountReport {
 }
 
 fn now_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
 
 /// Format `dev`. Everything on it is lost.
 pub fn mkfs(dev: &dyn Device, opts: &MkfsOptions) -> Result<Superblock> {
     let total = dev.len() / BLOCK;
     if total < 64 {
-        return Err(Error::invalid(format!(
-            "device too small: {} bytes (need at least 256 KiB)",
-            dev.len()
-        )));
+        return Err(Error::invalid(format!("device too small: {} bytes (need at least 256 KiB)", dev.len())));
     }
-    let inodes = opts
-        .inodes
-        .unwrap_or((total / 4).max(1024))
-        .min(u32::MAX as u64);
-    let jblocks = opts
-        .journal_blocks
-        .unwrap_or((total / 64).clamp(256, 16384))
-        .min(total / 4)
-        .max(16);
+    let inodes = opts.inodes.unwrap_or((total / 4).max(1024)).min(u32::MAX as u64);
+    let jblocks = opts.journal_blocks.unwrap_or((total / 64).clamp(256, 16384)).min(total / 4).max(16);
     let mut uuid = [0u8; 16];
     rand::Rng::fill(&mut rand::thread_rng(), &mut uuid[..]);
-    let sb = Superblock::layout(total, inodes, jblocks, uuid, now_ns()).map_err(|e| {
-        Error::invalid(format!(
-            "cannot lay out a file system on {total} blocks: {e}"
-        ))
-    })?;
+    let sb = Superblock::layout(total, inodes, jblocks, uuid, now_ns())
+        .map_err(|e| Error::invalid(format!("cannot lay out a file system on {total} blocks: {e}")))?;
     let write = |block: u64, bufs: Vec<AlignedBuf>| -> Result<()> {
-        for d in dev.submit(vec![Op {
-            kind: OpKind::Write,
-            offset: block * BLOCK,
-            bufs,
-        }]) {
+        for d in dev.submit(vec![Op { kind: OpKind::Write, offset: block * BLOCK, bufs }]) {
             d.result?;
         }
         Ok(())
     };
-    let zeros = |n: u64| {
-        (0..n)
-            .map(|_| dev.alloc_zeroed(BLOCK_SIZE))
-            .collect::<Vec<_>>()
-    };
+    let zeros = |n: u64| (0..n).map(|_| dev.alloc_zeroed(BLOCK_SIZE)).collect::<Vec<_>>();
     // Inode table and the first log block: zeroed, so nothing of an earlier format is read.
     let mut b = sb.inode_table_start;
     while b < sb.data_start {
@@ -191,10 +171,7 @@ pub fn mkfs(dev: &dyn Device, opts: &MkfsOptions) -> Result<Superblock> {
 pub fn read_superblock(dev: &dyn Device) -> Result<(Superblock, bool)> {
     let total = dev.len() / BLOCK;
     if total < 64 {
-        return Err(Error::corrupt(format!(
-            "device too small to hold a pwfs image ({} bytes)",
-            dev.len()
-        )));
+        return Err(Error::corrupt(format!("device too small to hold a pwfs image ({} bytes)", dev.len())));
     }
     let read = |b: u64| -> Result<AlignedBuf> {
         let (buf, r) = dev.read(b * BLOCK, dev.alloc(BLOCK_SIZE));
@@ -207,9 +184,7 @@ pub fn read_superblock(dev: &dyn Device) -> Result<(Superblock, bool)> {
             Ok(sb) if !matches!(primary, f::FormatError::Magic { .. }) => (sb, true),
             _ => {
                 return Err(Error::corrupt(match primary {
-                    f::FormatError::Magic { .. } => {
-                        "not a pwfs image (no superblock magic)".to_string()
-                    }
+                    f::FormatError::Magic { .. } => "not a pwfs image (no superblock magic)".to_string(),
                     e => format!("bad superblock and no usable backup: {e}"),
                 }))
             }
@@ -238,13 +213,7 @@ impl Fs {
             let r = crate::fsck::check(&*dev)?;
             if !r.is_clean() {
                 let n = r.errors.len();
-                let first = r
-                    .errors
-                    .iter()
-                    .take(3)
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join("; ");
+                let first = r.errors.iter().take(3).cloned().collect::<Vec<_>>().join("; ");
                 return Err(Error::corrupt(format!(
                     "image fails its consistency check ({n} problem(s): {first}); run `pwfs fsck` for the full report"
                 )));
@@ -272,7 +241,8 @@ impl Fs {
             locks: LockTable::default(),
             commit_lock: Mutex::new(()),
             poisoned: Mutex::new(None),
-            stop: (Mutex::new(false), Condvar::new()),
+            wake: Arc::new((Mutex::new(false), Condvar::new())),
+            kick: Default::default(),
             thread: Mutex::new(None),
             ra_next: Mutex::new(Default::default()),
             ra_queue: Mutex::new(None),
@@ -287,15 +257,11 @@ impl Fs {
             report.orphans_freed = inner.free_orphans()?;
             inner.commit()?;
         }
-        if let Some(every) = inner
-            .config
-            .writeback_interval
-            .filter(|_| !inner.config.read_only)
-        {
-            let weak = Arc::downgrade(&inner);
+        if let Some(every) = inner.config.writeback_interval.filter(|_| !inner.config.read_only) {
+            let (weak, wake) = (Arc::downgrade(&inner), inner.wake.clone());
             let h = std::thread::Builder::new()
                 .name("pwfs-writeback".into())
-                .spawn(move || writeback_thread(weak, every))
+                .spawn(move || writeback_thread(weak, wake, every))
                 .map_err(|e| Error::io(format!("cannot start the write-back thread: {e}")))?;
             *inner.thread.lock() = Some(h);
         }
@@ -347,11 +313,7 @@ impl Fs {
 
     pub fn cache_stats(&self) -> (u64, u64, u64) {
         let s = &self.inner.cache.stats;
-        (
-            s.hits.load(Ordering::Relaxed),
-            s.misses.load(Ordering::Relaxed),
-            s.evictions.load(Ordering::Relaxed),
-        )
+        (s.hits.load(Ordering::Relaxed), s.misses.load(Ordering::Relaxed), s.evictions.load(Ordering::Relaxed))
     }
 
     pub fn journal_stats(&self) -> journal::JournalStats {
@@ -361,12 +323,7 @@ impl Fs {
 
 impl std::fmt::Debug for Fs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "Fs({} blocks on {})",
-            self.inner.sb.total_blocks,
-            self.inner.dev.name()
-        )
+        write!(f, "Fs({} blocks on {})", self.inner.sb.total_blocks, self.inner.dev.name())
     }
 }
 
@@ -388,34 +345,29 @@ fn readahead_thread(fs: Weak<FsInner>, rx: std::sync::mpsc::Receiver<(u64, u64, 
             Err(_) => continue,
         };
         let n = n.min(size.div_ceil(BLOCK).saturating_sub(first));
-        let new: Vec<Arc<Page>> = inner
-            .cache
-            .get_or_insert_range(ino, first, n)
-            .into_iter()
-            .filter(|p| p.1)
-            .map(|p| p.0)
-            .collect();
+        let new: Vec<Arc<Page>> =
+            inner.cache.get_or_insert_range(ino, first, n).into_iter().filter(|p| p.1).map(|p| p.0).collect();
         // A failed readahead fails its pages; the reader fetches them again.
         let _ = inner.fetch(ino, new);
     }
 }
 
-fn writeback_thread(fs: Weak<FsInner>, every: std::time::Duration) {
+fn writeback_thread(fs: Weak<FsInner>, wake: Arc<(Mutex<bool>, Condvar)>, every: std::time::Duration) {
     loop {
-        let Some(inner) = fs.upgrade() else { return };
         {
-            let mut stop = inner.stop.0.lock();
+            let mut stop = wake.0.lock();
             if *stop {
                 return;
             }
-            inner.stop.1.wait_for(&mut stop, every);
+            wake.1.wait_for(&mut stop, every);
             if *stop {
                 return;
             }
         }
+        let Some(inner) = fs.upgrade() else { return };
         if inner.poisoned.lock().is_none() {
             // Errors poison the file system; the next caller sees them.
-            let _ = inner.commit();
+            let _ = if inner.kick.swap(false, Ordering::Relaxed) { inner.writeback() } else { inner.commit() };
         }
     }
 }
@@ -426,9 +378,7 @@ impl FsInner {
             return Err(Error::read_only("mounted read-only"));
         }
         if let Some(why) = &*self.poisoned.lock() {
-            return Err(Error::read_only(format!(
-                "file system is read-only after an I/O error: {why}"
-            )));
+            return Err(Error::read_only(format!("file system is read-only after an I/O error: {why}")));
         }
         Ok(())
     }
@@ -445,45 +395,50 @@ impl FsInner {
         Error::io(e.detail)
     }
 
-    /// Note a read of `len` bytes at `offset`; if it continues the last one, queue the
-    /// pages after it for the background reader.
+    /// Note a read of `len` bytes at `offset`. A reader that continues where it left
+    /// off is sequential: keep between one and three windows of pages ahead of it
+    /// queued for the background reader, in requests of two windows (which the device
+    /// gets as two requests at once).
     pub fn readahead(&self, ino: u64, offset: u64, len: u64, size: u64) {
-        let window = self.config.readahead_pages;
-        if window == 0 {
+        let window = self.config.readahead_pages.max(len.div_ceil(BLOCK));
+        if self.config.readahead_pages == 0 {
             return;
         }
-        let sequential = {
-            let mut next = self.ra_next.lock();
-            if next.len() > 4096 {
-                next.clear();
+        let end = (offset + len).div_ceil(BLOCK);
+        let queue = {
+            let mut ra = self.ra_next.lock();
+            if ra.len() > 4096 {
+                ra.clear();
             }
-            next.insert(ino, offset + len) == Some(offset)
+            let (expected, frontier) = ra.get(&ino).copied().unwrap_or((u64::MAX, 0));
+            let sequential = expected == offset;
+            let mut frontier = if sequential { frontier.max(end) } else { end };
+            let mut queue = None;
+            if sequential && frontier < end + window && frontier * BLOCK < size {
+                queue = Some((frontier, 2 * window));
+                frontier += 2 * window;
+            }
+            ra.insert(ino, (offset + len, frontier));
+            queue
         };
-        let from = (offset + len).div_ceil(BLOCK);
-        if sequential && from * BLOCK < size {
+        if let Some((from, n)) = queue {
             if let Some(q) = &*self.ra_queue.lock() {
-                let _ = q.send((ino, from, window.max(len.div_ceil(BLOCK))));
+                let _ = q.send((ino, from, n));
             }
         }
     }
 
     fn shutdown(&self) -> Result<()> {
         self.ra_queue.lock().take();
-        *self.stop.0.lock() = true;
-        self.stop.1.notify_all();
+        *self.wake.0.lock() = true;
+        self.wake.1.notify_all();
         if let Some(h) = self.thread.lock().take() {
             if h.thread().id() != std::thread::current().id() {
                 let _ = h.join();
             }
         }
         if self.config.read_only || self.poisoned.lock().is_some() {
-            return self.check_writable().or_else(|e| {
-                if self.config.read_only {
-                    Ok(())
-                } else {
-                    Err(e)
-                }
-            });
+            return self.check_writable().or_else(|e| if self.config.read_only { Ok(()) } else { Err(e) });
         }
         self.commit()?;
         let _c = self.commit_lock.lock();
@@ -560,15 +515,29 @@ impl FsInner {
     }
 
     /// Commit if the running transaction is getting too big for the journal, or if
-    /// too much of the cache is dirty.
+    /// too much of the cache is dirty (the caller waits: write throttling). At half
+    /// that much dirty data, wake the write-back thread instead, so that the device
+    /// writes while the caller goes on filling the cache.
     pub fn maybe_commit(&self) -> Result<()> {
         let big = self.meta.lock().tx_blocks() >= self.journal.lock().max_images();
-        let dirty = self.cache.dirty_count() as f64
-            >= self.cache.capacity() as f64 * self.config.dirty_ratio;
-        if big || dirty {
+        let dirty = self.cache.dirty_count() as f64;
+        let limit = self.cache.capacity() as f64 * self.config.dirty_ratio;
+        if big {
             self.commit()?;
+        } else if dirty >= limit {
+            self.writeback()?;
+        } else if dirty >= limit / 2.0 && !self.kick.swap(true, Ordering::Relaxed) {
+            self.wake.1.notify_all();
         }
         Ok(())
+    }
+
+    /// Write dirty data home without committing: frees the cache for more writes.
+    /// Ordered mode holds, since the data goes out before any commit that maps it.
+    pub fn writeback(&self) -> Result<()> {
+        self.check_writable()?;
+        let _c = self.commit_lock.lock();
+        self.writeback_locked().map(|_| ())
     }
 
     /// Write every dirty page home, allocating blocks for unmapped pages. Returns
@@ -578,50 +547,48 @@ impl FsInner {
         if pages.is_empty() {
             return Ok(false);
         }
-        // Stable copies of the dirty pages; writers may go on changing the originals.
+        // The pages' own buffers go to the device; the pages wait for them.
         let mut items: Vec<(Arc<Page>, AlignedBuf)> = Vec::with_capacity(pages.len());
         for p in pages {
-            let mut g = p.lock();
-            if g.state != PageState::Dirty {
-                continue;
+            if let Some(buf) = p.begin_writeback() {
+                items.push((p, buf));
             }
-            let mut copy = self.dev.alloc(BLOCK_SIZE);
-            copy.copy_from_slice(g.data());
-            g.state = PageState::Writeback;
-            drop(g);
-            items.push((p, copy));
         }
         // A page dropped from the cache meanwhile (truncate, delete) has nothing to write.
-        items.retain(|(p, _)| self.cache.holds(p));
+        let (items, dropped): (Vec<_>, Vec<_>) = items.into_iter().partition(|(p, _)| self.cache.holds(p));
+        dropped.into_iter().for_each(|(p, buf)| p.end_writeback(buf));
         // Map (and allocate, as contiguous runs) under the metadata lock.
         let mut placed: Vec<(u64, Arc<Page>, AlignedBuf)> = Vec::with_capacity(items.len());
+        let mut unplaced = Vec::new();
+        let mut mapped = Ok(());
         {
             let mut m = self.meta.lock();
-            let i = 0;
-            while !items.is_empty() {
-                let (ino, idx) = items[i].0.key;
-                // The run of consecutive pages of this inode starting at i.
-                let mut j = i + 1;
-                while j < items.len() && items[j].0.key == (ino, idx + (j - i) as u64) {
-                    j += 1;
+            let mut items = items.into_iter().peekable();
+            while let Some(first) = items.next() {
+                let (ino, idx) = first.0.key;
+                let mut run = vec![first];
+                while items.peek().is_some_and(|(p, _)| p.key == (ino, idx + run.len() as u64)) {
+                    run.push(items.next().expect("peeked"));
                 }
-                let phys = self
-                    .map_run(&mut m, ino, idx, (j - i) as u64)
-                    .map_err(|e| self.poison(e))?;
-                for (k, item) in items.drain(i..j).enumerate() {
-                    match phys[k] {
-                        Some(b) => placed.push((b, item.0, item.1)),
+                let phys = match self.map_run(&mut m, ino, idx, run.len() as u64) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        mapped = Err(e);
+                        unplaced.extend(run);
+                        unplaced.extend(items.by_ref());
+                        break;
+                    }
+                };
+                for ((p, buf), b) in run.into_iter().zip(phys) {
+                    match b {
+                        Some(b) => placed.push((b, p, buf)),
                         // Truncated or deleted meanwhile: nothing to write.
-                        None => {
-                            let mut g = item.0.lock();
-                            if g.state == PageState::Writeback {
-                                g.state = PageState::UpToDate;
-                            }
-                        }
+                        None => unplaced.push((p, buf)),
                     }
                 }
             }
         }
+        unplaced.into_iter().for_each(|(p, buf)| p.end_writeback(buf));
         placed.sort_by_key(|p| p.0);
         let mut ops: Vec<Op> = Vec::new();
         let mut written: Vec<Arc<Page>> = Vec::with_capacity(placed.len());
@@ -629,27 +596,24 @@ impl FsInner {
         for (b, page, buf) in placed {
             match (ops.last_mut(), last) {
                 (Some(op), Some(l)) if l + 1 == b && op.bufs.len() < 256 => op.bufs.push(buf),
-                _ => ops.push(Op {
-                    kind: OpKind::Write,
-                    offset: b * BLOCK,
-                    bufs: vec![buf],
-                }),
+                _ => ops.push(Op { kind: OpKind::Write, offset: b * BLOCK, bufs: vec![buf] }),
             }
             last = Some(b);
             written.push(page);
         }
-        self.stats
-            .data_writes
-            .fetch_add(written.len() as u64, Ordering::Relaxed);
+        self.stats.data_writes.fetch_add(written.len() as u64, Ordering::Relaxed);
+        let mut result = mapped;
+        let mut pages = written.into_iter();
         for d in self.dev.submit(ops) {
-            d.result.map_err(|e| self.poison(e.into()))?;
-        }
-        for p in written {
-            let mut g = p.lock();
-            if g.state == PageState::Writeback {
-                g.state = PageState::UpToDate;
+            if let Err(e) = d.result {
+                result = Err(e.into());
+            }
+            // Buffers come back even on error; the pages get them back either way.
+            for buf in d.bufs {
+                pages.next().expect("one page per buffer").end_writeback(buf);
             }
         }
+        result.map_err(|e| self.poison(e))?;
         Ok(true)
     }
 
@@ -710,8 +674,7 @@ impl FsInner {
         }
         let maps: Result<Vec<Option<u64>>> = {
             let mut m = self.meta.lock();
-            m.inode(ino)
-                .map(|node| pages.iter().map(|p| node.map(p.key.1)).collect())
+            m.inode(ino).map(|node| pages.iter().map(|p| node.map(p.key.1)).collect())
         };
         let maps = match maps {
             Ok(v) => v,
@@ -737,19 +700,13 @@ impl FsInner {
                     owners.last_mut().expect("paired").push(i);
                 }
                 _ => {
-                    ops.push(Op {
-                        kind: OpKind::Read,
-                        offset: b * BLOCK,
-                        bufs: vec![buf],
-                    });
+                    ops.push(Op { kind: OpKind::Read, offset: b * BLOCK, bufs: vec![buf] });
                     owners.push(vec![i]);
                 }
             }
             last = Some(b);
         }
-        self.stats
-            .data_reads
-            .fetch_add(ops.len() as u64, Ordering::Relaxed);
+        self.stats.data_reads.fetch_add(ops.len() as u64, Ordering::Relaxed);
         let mut err = None;
         for (d, own) in self.dev.submit(ops).into_iter().zip(owners) {
             match d.result {

@@ -18,11 +18,7 @@ pub(crate) fn check_name(name: &[u8]) -> Result<()> {
         return Err(Error::not_found("empty name"));
     }
     if name.len() > f::NAME_MAX {
-        return Err(Error::name_too_long(format!(
-            "name of {} bytes (at most {})",
-            name.len(),
-            f::NAME_MAX
-        )));
+        return Err(Error::name_too_long(format!("name of {} bytes (at most {})", name.len(), f::NAME_MAX)));
     }
     if name.contains(&b'/') || name.contains(&0) {
         return Err(Error::invalid("name contains '/' or NUL"));
@@ -63,22 +59,13 @@ impl FsInner {
     }
 
     /// Space for `n` more metadata blocks, committing once to reclaim freed space.
-    fn need_space(
-        &self,
-        m: &mut parking_lot::MutexGuard<'_, Meta>,
-        n: u64,
-        inode: bool,
-    ) -> Result<()> {
+    fn need_space(&self, m: &mut parking_lot::MutexGuard<'_, Meta>, n: u64, inode: bool) -> Result<()> {
         let short = |m: &Meta| m.available() < n + Self::meta_reserve(m) || (inode && m.ifree == 0);
         if short(m) && (m.alloc.pending_blocks() > 0 || !m.to_free.is_empty()) {
             parking_lot::MutexGuard::unlocked(m, || self.commit())?;
         }
         if short(m) {
-            return Err(Error::no_space(if inode && m.ifree == 0 {
-                "no free inodes"
-            } else {
-                "no free blocks"
-            }));
+            return Err(Error::no_space(if inode && m.ifree == 0 { "no free inodes" } else { "no free blocks" }));
         }
         Ok(())
     }
@@ -111,9 +98,7 @@ impl Fs {
             b".." => p.d.parent,
             _ => {
                 check_name(name)?;
-                m.lookup(parent, name)?
-                    .ok_or_else(|| Error::not_found(""))?
-                    .0
+                m.lookup(parent, name)?.ok_or_else(|| Error::not_found(""))?.0
             }
         };
         let node = m.inode(ino)?;
@@ -150,8 +135,7 @@ impl Fs {
         }
         let long_target = target.is_some_and(|t| t.len() > f::INLINE_MAX);
         let grow = m.dir(parent)?.free.is_empty();
-        self.inner
-            .need_space(&mut m, grow as u64 + long_target as u64, true)?;
+        self.inner.need_space(&mut m, grow as u64 + long_target as u64, true)?;
         let ino = self.inner.mutate(&mut m, |m| {
             let ino = m.new_inode(mode, uid, gid)?;
             let payload = match target {
@@ -192,62 +176,20 @@ impl Fs {
     }
 
     /// mknod(2) for regular and special files (mode carries the type; 0 means regular).
-    pub fn mknod(
-        &self,
-        parent: u64,
-        name: &[u8],
-        mode: u32,
-        rdev: u32,
-        uid: u32,
-        gid: u32,
-    ) -> Result<Metadata> {
-        let mode = if mode & f::S_IFMT == 0 {
-            mode | f::S_IFREG
-        } else {
-            mode
-        };
+    pub fn mknod(&self, parent: u64, name: &[u8], mode: u32, rdev: u32, uid: u32, gid: u32) -> Result<Metadata> {
+        let mode = if mode & f::S_IFMT == 0 { mode | f::S_IFREG } else { mode };
         match mode & f::S_IFMT {
             f::S_IFREG | f::S_IFIFO | f::S_IFCHR | f::S_IFBLK | f::S_IFSOCK => {}
             _ => return Err(Error::invalid("mknod of a directory or symlink")),
         }
-        self.make(
-            parent,
-            name,
-            mode & (f::S_IFMT | 0o7777),
-            uid,
-            gid,
-            rdev,
-            None,
-        )
+        self.make(parent, name, mode & (f::S_IFMT | 0o7777), uid, gid, rdev, None)
     }
 
-    pub fn mkdir(
-        &self,
-        parent: u64,
-        name: &[u8],
-        mode: u32,
-        uid: u32,
-        gid: u32,
-    ) -> Result<Metadata> {
-        self.make(
-            parent,
-            name,
-            f::S_IFDIR | (mode & 0o7777),
-            uid,
-            gid,
-            0,
-            None,
-        )
+    pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Metadata> {
+        self.make(parent, name, f::S_IFDIR | (mode & 0o7777), uid, gid, 0, None)
     }
 
-    pub fn symlink(
-        &self,
-        parent: u64,
-        name: &[u8],
-        target: &[u8],
-        uid: u32,
-        gid: u32,
-    ) -> Result<Metadata> {
+    pub fn symlink(&self, parent: u64, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Metadata> {
         if target.is_empty() {
             return Err(Error::not_found("empty symlink target"));
         }
@@ -266,11 +208,7 @@ impl Fs {
         if node.d.flags & f::INODE_FLAG_INLINE != 0 {
             return Ok(node.d.inline.clone());
         }
-        let (len, b) = (
-            node.d.size as usize,
-            node.map(0)
-                .ok_or_else(|| Error::corrupt("symlink without a block"))?,
-        );
+        let (len, b) = (node.d.size as usize, node.map(0).ok_or_else(|| Error::corrupt("symlink without a block"))?);
         if len > f::SYMLINK_MAX {
             return Err(Error::corrupt("symlink target too long"));
         }
@@ -355,9 +293,7 @@ impl Fs {
         if !m.inode(parent)?.is_dir() {
             return Err(Error::not_dir(""));
         }
-        let (ino, _) = m
-            .lookup(parent, name)?
-            .ok_or_else(|| Error::not_found(""))?;
+        let (ino, _) = m.lookup(parent, name)?.ok_or_else(|| Error::not_found(""))?;
         let is_dir = m.inode(ino)?.is_dir();
         match (dir, is_dir) {
             (false, true) => return Err(Error::is_dir("")),
@@ -382,20 +318,10 @@ impl Fs {
     }
 
     /// rename(2). `noreplace` is RENAME_NOREPLACE.
-    pub fn rename(
-        &self,
-        sp: u64,
-        sname: &[u8],
-        dp: u64,
-        dname: &[u8],
-        noreplace: bool,
-    ) -> Result<()> {
+    pub fn rename(&self, sp: u64, sname: &[u8], dp: u64, dname: &[u8], noreplace: bool) -> Result<()> {
         self.inner.check_writable()?;
         if is_dot(sname) || is_dot(dname) {
-            return Err(Error::new(
-                crate::ErrorKind::Busy,
-                "cannot rename '.' or '..'",
-            ));
+            return Err(Error::new(crate::ErrorKind::Busy, "cannot rename '.' or '..'"));
         }
         check_name(sname)?;
         check_name(dname)?;
@@ -411,11 +337,7 @@ impl Fs {
         let src_dir = src_mode & f::S_IFMT == f::S_IFDIR;
         let dst = m.lookup(dp, dname)?.map(|(i, _)| i);
         if dst == Some(src) {
-            return if noreplace {
-                Err(Error::exists(""))
-            } else {
-                Ok(())
-            };
+            return if noreplace { Err(Error::exists("")) } else { Ok(()) };
         }
         if src_dir {
             // The target directory must not be the source or inside it.
@@ -492,20 +414,10 @@ impl Fs {
         let parent = node.d.parent;
         let mut out = Vec::new();
         if offset == 0 {
-            out.push(DirEntry {
-                ino,
-                kind: FileType::Directory,
-                name: b".".to_vec(),
-                next: 1,
-            });
+            out.push(DirEntry { ino, kind: FileType::Directory, name: b".".to_vec(), next: 1 });
         }
         if offset <= 1 && out.len() < max {
-            out.push(DirEntry {
-                ino: parent,
-                kind: FileType::Directory,
-                name: b"..".to_vec(),
-                next: 2,
-            });
+            out.push(DirEntry { ino: parent, kind: FileType::Directory, name: b"..".to_vec(), next: 2 });
         }
         let per = f::DIRENTS_PER_BLOCK as u64;
         let slots = m.dir(ino)?.slots;
@@ -570,12 +482,7 @@ impl Fs {
         if let Some(mt) = set.mtime {
             node.d.mtime = pick(mt);
         }
-        if set.mode.is_some()
-            || set.uid.is_some()
-            || set.gid.is_some()
-            || set.atime.is_some()
-            || set.mtime.is_some()
-        {
+        if set.mode.is_some() || set.uid.is_some() || set.gid.is_some() || set.atime.is_some() || set.mtime.is_some() {
             node.d.ctime = set.ctime.unwrap_or(t);
         }
         let md = attr(ino, node);
@@ -626,11 +533,7 @@ impl Fs {
         self.inner.readahead(ino, offset, len as u64, size);
         let mut pages = Vec::with_capacity((last - first + 1) as usize);
         let mut missing = Vec::new();
-        for (p, new) in self
-            .inner
-            .cache
-            .get_or_insert_range(ino, first, last - first + 1)
-        {
+        for (p, new) in self.inner.cache.get_or_insert_range(ino, first, last - first + 1) {
             if new {
                 missing.push(p.clone());
             }
@@ -667,19 +570,14 @@ impl Fs {
         if data.is_empty() {
             return Ok(offset);
         }
-        let end = offset
-            .checked_add(data.len() as u64)
-            .filter(|e| *e <= f::MAX_FILE_SIZE);
+        let end = offset.checked_add(data.len() as u64).filter(|e| *e <= f::MAX_FILE_SIZE);
         let end = end.ok_or_else(|| Error::file_too_big(""))?;
         let (first, last) = (offset / BLOCK, (end - 1) / BLOCK);
         // Reserve space for pages that have no block yet (delayed allocation).
-        let need: Vec<u64> = (first..=last)
-            .filter(|i| node.map(*i).is_none() && !node.reserved.contains(i))
-            .collect();
+        let need: Vec<u64> = (first..=last).filter(|i| node.map(*i).is_none() && !node.reserved.contains(i)).collect();
         if !need.is_empty() {
             let n = need.len() as u64;
-            if m.available() < n + FsInner::meta_reserve(&m)
-                && (m.alloc.pending_blocks() > 0 || !m.to_free.is_empty())
+            if m.available() < n + FsInner::meta_reserve(&m) && (m.alloc.pending_blocks() > 0 || !m.to_free.is_empty())
             {
                 drop(m);
                 self.inner.commit()?;
@@ -707,10 +605,7 @@ impl Fs {
                     let g = p.lock();
                     p.complete(g, self.inner.dev.alloc_zeroed(BLOCK_SIZE));
                 } else {
-                    self.inner
-                        .stats
-                        .fetches_for_partial_write
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.inner.stats.fetches_for_partial_write.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     self.inner.fetch(ino, vec![p.clone()])?;
                 }
             }

@@ -11,11 +11,7 @@ pub const MIB: u64 = 1 << 20;
 
 /// A config for tests: small cache, no background thread (commits are explicit).
 pub fn test_config() -> Config {
-    Config {
-        cache_bytes: 4 * MIB,
-        writeback_interval: None,
-        ..Default::default()
-    }
+    Config { cache_bytes: 4 * MIB, writeback_interval: None, ..Default::default() }
 }
 
 pub fn mem_fs(size: u64) -> (Arc<MemDevice>, Fs) {
