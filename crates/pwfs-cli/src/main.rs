@@ -97,7 +97,7 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
                 "formatted {}: {} blocks of 4 KiB ({} MiB), {} inodes, journal {} blocks, uuid {}",
                 image.display(),
                 sb.total_blocks,
-                sb.total_blocks * 4096 >> 20,
+                (sb.total_blocks * 4096) >> 20,
                 sb.inode_count,
                 sb.journal_blocks,
                 hex(&sb.uuid)
@@ -134,7 +134,7 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             println!("image:          {}", image.display());
             println!("format version: {}", sb.version);
             println!("uuid:           {}", hex(&sb.uuid));
-            println!("size:           {} blocks of 4 KiB ({} MiB)", sb.total_blocks, sb.total_blocks * 4096 >> 20);
+            println!("size:           {} blocks of 4 KiB ({} MiB)", sb.total_blocks, (sb.total_blocks * 4096) >> 20);
             println!("journal:        blocks {}..{}", sb.journal_start, sb.journal_start + sb.journal_blocks);
             println!(
                 "inode bitmap:   blocks {}..{}",

@@ -187,7 +187,7 @@ impl Superblock {
             return bad("superblock journal geometry");
         }
         if self.inode_count == 0
-            || self.inode_count % INODES_PER_BLOCK != 0
+            || !self.inode_count.is_multiple_of(INODES_PER_BLOCK)
             || self.inode_table_blocks != self.inode_count / INODES_PER_BLOCK
             || self.inode_bitmap_blocks != self.inode_count.div_ceil(BITS_PER_BITMAP_BLOCK)
             || self.block_bitmap_blocks != self.total_blocks.div_ceil(BITS_PER_BITMAP_BLOCK)

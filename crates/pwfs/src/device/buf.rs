@@ -122,7 +122,7 @@ unsafe impl Sync for Arena {}
 
 impl Arena {
     pub fn new(slot_size: usize, slots: usize) -> std::io::Result<Arc<Arena>> {
-        assert!(slot_size % MEM_ALIGN == 0 && slots > 0);
+        assert!(slot_size.is_multiple_of(MEM_ALIGN) && slots > 0);
         let bytes = slot_size * slots;
         // SAFETY: plain anonymous mapping; checked for MAP_FAILED below.
         let ptr = unsafe {

@@ -137,11 +137,12 @@ fn one(mut done: Vec<Done>) -> (AlignedBuf, Result<(), DevError>) {
 
 /// The checks every engine makes before it touches the medium.
 pub fn validate(op: &Op, dev_len: u64) -> Result<(), DevError> {
-    if op.offset % SECTOR != 0 || op.bufs.is_empty() {
+    if !op.offset.is_multiple_of(SECTOR) || op.bufs.is_empty() {
         return Err(DevError::Misaligned);
     }
     for b in &op.bufs {
-        if b.len() as u64 % SECTOR != 0 || b.is_empty() || b.as_ptr() as usize % MEM_ALIGN != 0 {
+        if !(b.len() as u64).is_multiple_of(SECTOR) || b.is_empty() || !(b.as_ptr() as usize).is_multiple_of(MEM_ALIGN)
+        {
             return Err(DevError::Misaligned);
         }
     }

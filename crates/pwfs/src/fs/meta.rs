@@ -120,6 +120,9 @@ pub struct Meta {
     pub open: HashMap<u64, u32>,
     /// Unlinked inodes with no open handle; freed at the start of the next commit.
     pub to_free: BTreeSet<u64>,
+    /// Inodes whose size or block mapping changed since the last commit: fdatasync
+    /// of one of these must commit; of any other it need only write data and flush.
+    pub data_meta_dirty: HashSet<u64>,
     block_limit: usize,
     pub generation_seed: u32,
 }
@@ -166,6 +169,7 @@ impl Meta {
             reserved: 0,
             open: HashMap::new(),
             to_free: BTreeSet::new(),
+            data_meta_dirty: HashSet::new(),
             block_limit: 16384,
             generation_seed: rand::random(),
         };
@@ -276,6 +280,7 @@ impl Meta {
             images.push((b, copy));
         }
         let revokes = std::mem::take(&mut self.tx_revokes).into_iter().collect();
+        self.data_meta_dirty.clear();
         let frees = self.alloc.take_pending();
         Ok((Transaction { images, revokes, extra: Vec::new() }, frees))
     }

@@ -542,7 +542,7 @@ impl FsInner {
 
     /// Write every dirty page home, allocating blocks for unmapped pages. Returns
     /// whether anything was written. The caller holds the commit lock.
-    fn writeback_locked(&self) -> Result<bool> {
+    pub(crate) fn writeback_locked(&self) -> Result<bool> {
         let pages = self.cache.take_dirty();
         if pages.is_empty() {
             return Ok(false);
@@ -656,6 +656,7 @@ impl FsInner {
             }
             m.reserved -= unreserved;
             m.mark_inode_dirty(ino);
+            m.data_meta_dirty.insert(ino);
             for i in 0..got {
                 out.push(Some(first + i));
             }

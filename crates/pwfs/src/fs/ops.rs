@@ -13,6 +13,15 @@ use crate::format::{self as f, BLOCK, BLOCK_SIZE};
 /// ext4's limit; beyond it link() and mkdir() fail with EMLINK.
 pub const LINK_MAX: u32 = 65000;
 
+/// What a new inode is: type and permissions, owner, device number, symlink target.
+struct NewNode<'a> {
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    rdev: u32,
+    target: Option<&'a [u8]>,
+}
+
 pub(crate) fn check_name(name: &[u8]) -> Result<()> {
     if name.is_empty() {
         return Err(Error::not_found("empty name"));
@@ -106,16 +115,8 @@ impl Fs {
     }
 
     /// Create a regular file, special file, directory or symlink.
-    fn make(
-        &self,
-        parent: u64,
-        name: &[u8],
-        mode: u32,
-        uid: u32,
-        gid: u32,
-        rdev: u32,
-        target: Option<&[u8]>,
-    ) -> Result<Metadata> {
+    fn make(&self, parent: u64, name: &[u8], new: NewNode<'_>) -> Result<Metadata> {
+        let NewNode { mode, uid, gid, rdev, target } = new;
         self.inner.check_writable()?;
         check_name(name)?;
         let mut m = self.meta();
@@ -182,11 +183,11 @@ impl Fs {
             f::S_IFREG | f::S_IFIFO | f::S_IFCHR | f::S_IFBLK | f::S_IFSOCK => {}
             _ => return Err(Error::invalid("mknod of a directory or symlink")),
         }
-        self.make(parent, name, mode & (f::S_IFMT | 0o7777), uid, gid, rdev, None)
+        self.make(parent, name, NewNode { mode: mode & (f::S_IFMT | 0o7777), uid, gid, rdev, target: None })
     }
 
     pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Metadata> {
-        self.make(parent, name, f::S_IFDIR | (mode & 0o7777), uid, gid, 0, None)
+        self.make(parent, name, NewNode { mode: f::S_IFDIR | (mode & 0o7777), uid, gid, rdev: 0, target: None })
     }
 
     pub fn symlink(&self, parent: u64, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Metadata> {
@@ -196,7 +197,7 @@ impl Fs {
         if target.len() > f::SYMLINK_MAX {
             return Err(Error::name_too_long("symlink target longer than PATH_MAX"));
         }
-        self.make(parent, name, f::S_IFLNK | 0o777, uid, gid, 0, Some(target))
+        self.make(parent, name, NewNode { mode: f::S_IFLNK | 0o777, uid, gid, rdev: 0, target: Some(target) })
     }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
@@ -624,11 +625,15 @@ impl Fs {
         {
             let mut m = self.meta();
             let node = m.inode(ino)?;
+            let grew = end > node.d.size;
             node.d.size = node.d.size.max(end);
             let t = now();
             node.d.mtime = t;
             node.d.ctime = t;
             m.mark_inode_dirty(ino);
+            if grew {
+                m.data_meta_dirty.insert(ino);
+            }
         }
         drop(_g);
         self.inner.maybe_commit()?;
@@ -657,7 +662,7 @@ impl Fs {
             let keep = size.div_ceil(BLOCK);
             self.inner.cache.drop_from(ino, keep);
             // Bytes past EOF in the last block stay zero on disk and in cache.
-            if size % BLOCK != 0 {
+            if !size.is_multiple_of(BLOCK) {
                 let idx = size / BLOCK;
                 let (p, new) = self.inner.cache.get_or_insert((ino, idx));
                 if new {
@@ -677,7 +682,7 @@ impl Fs {
             // truncate commits, a crash would show the old size with zeros in it. It
             // moves to a new block instead (the old one is freed with the truncate),
             // unless the device is too full for that.
-            let tail = size % BLOCK != 0 && m.available() > FsInner::meta_reserve(&m);
+            let tail = !size.is_multiple_of(BLOCK) && m.available() > FsInner::meta_reserve(&m);
             self.inner.mutate(&mut m, |m| {
                 let node = m.inode(ino)?;
                 let mut freed = node.unmap_from(keep);
@@ -705,13 +710,28 @@ impl Fs {
         node.d.mtime = t;
         node.d.ctime = t;
         m.mark_inode_dirty(ino);
+        m.data_meta_dirty.insert(ino);
         drop(m);
         drop(_g);
         self.inner.maybe_commit()
     }
 
     /// fsync/fdatasync: every write before it is durable when it returns.
-    pub fn fsync(&self, _ino: u64, _datasync: bool) -> Result<()> {
-        self.inner.commit()
+    ///
+    /// fsync commits the whole running transaction (names included). fdatasync of a
+    /// file whose size and block map did not change since the last commit only writes
+    /// the data in place and flushes: times need not be durable (POSIX), so a durable
+    /// overwrite costs one data write and one flush, with no journal I/O.
+    pub fn fsync(&self, ino: u64, datasync: bool) -> Result<()> {
+        if !datasync {
+            return self.inner.commit();
+        }
+        self.inner.check_writable()?;
+        let _c = self.inner.commit_lock.lock();
+        self.inner.writeback_locked()?;
+        if self.meta().data_meta_dirty.contains(&ino) {
+            return self.inner.commit_locked();
+        }
+        self.inner.dev.flush().map_err(|e| self.inner.poison(e.into()))
     }
 }
