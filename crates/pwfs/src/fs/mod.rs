@@ -266,12 +266,16 @@ impl Fs {
             *inner.thread.lock() = Some(h);
         }
         if inner.config.readahead_pages > 0 {
+            // Two readers, so that one request's bookkeeping overlaps the other's I/O.
             let (tx, rx) = std::sync::mpsc::channel();
-            let weak = Arc::downgrade(&inner);
-            std::thread::Builder::new()
-                .name("pwfs-readahead".into())
-                .spawn(move || readahead_thread(weak, rx))
-                .map_err(|e| Error::io(format!("cannot start the readahead thread: {e}")))?;
+            let rx = Arc::new(Mutex::new(rx));
+            for _ in 0..2 {
+                let (weak, rx) = (Arc::downgrade(&inner), rx.clone());
+                std::thread::Builder::new()
+                    .name("pwfs-readahead".into())
+                    .spawn(move || readahead_thread(weak, rx))
+                    .map_err(|e| Error::io(format!("cannot start the readahead thread: {e}")))?;
+            }
             *inner.ra_queue.lock() = Some(tx);
         }
         Ok((Fs { inner }, report))
@@ -335,8 +339,11 @@ impl Drop for FsInner {
 
 /// Fetches the pages a sequential reader will ask for next, while it copies out
 /// the ones it has: the device works while the CPU does.
-fn readahead_thread(fs: Weak<FsInner>, rx: std::sync::mpsc::Receiver<(u64, u64, u64)>) {
-    while let Ok((ino, first, n)) = rx.recv() {
+type RaQueue = Arc<Mutex<std::sync::mpsc::Receiver<(u64, u64, u64)>>>;
+
+fn readahead_thread(fs: Weak<FsInner>, rx: RaQueue) {
+    loop {
+        let Ok((ino, first, n)) = rx.lock().recv() else { return };
         let Some(inner) = fs.upgrade() else { return };
         // As a reader: a truncate cannot run between the size check and the fetch.
         let _g = inner.locks.read(ino);
