@@ -403,9 +403,10 @@ impl FsInner {
     }
 
     /// Note a read of `len` bytes at `offset`. A reader that continues where it left
-    /// off is sequential: keep between one and three windows of pages ahead of it
-    /// queued for the background reader, in requests of two windows (which the device
-    /// gets as two requests at once).
+    /// off is sequential: keep up to five windows of pages ahead of it queued for the
+    /// background readers, in requests of two windows, so that two requests are in
+    /// flight while the reader copies (measured: one window ahead left the device
+    /// idle between requests; see docs/BENCHMARKS.md).
     pub fn readahead(&self, ino: u64, offset: u64, len: u64, size: u64) {
         let window = self.config.readahead_pages.max(len.div_ceil(BLOCK));
         if self.config.readahead_pages == 0 {
@@ -421,7 +422,7 @@ impl FsInner {
             let sequential = expected == offset;
             let mut frontier = if sequential { frontier.max(end) } else { end };
             let mut queue = None;
-            if sequential && frontier < end + window && frontier * BLOCK < size {
+            if sequential && frontier < end + 5 * window && frontier * BLOCK < size {
                 queue = Some((frontier, 2 * window));
                 frontier += 2 * window;
             }
