@@ -240,6 +240,12 @@ impl PageCache {
         self.map.lock().dirty.insert(key);
     }
 
+    /// Mark pages `from..to` of `ino` dirty, under one lock.
+    pub fn mark_dirty_range(&self, ino: u64, from: u64, to: u64) {
+        let mut m = self.map.lock();
+        m.dirty.extend((from..to).map(|i| (ino, i)));
+    }
+
     /// Take the dirty set (in key order); the pages stay in the cache.
     pub fn take_dirty(&self) -> Vec<Arc<Page>> {
         let mut m = self.map.lock();

@@ -593,35 +593,47 @@ impl Fs {
         }
         drop(m);
         let mut copied = 0usize;
-        for idx in first..=last {
+        let pages = self.inner.cache.get_or_insert_range(ino, first, last - first + 1);
+        let mut result = Ok(());
+        let mut dirtied = first;
+        for ((p, new), idx) in pages.into_iter().zip(first..) {
             let pstart = idx * BLOCK;
             let from = offset.max(pstart);
             let to = end.min(pstart + BLOCK);
-            let (p, new) = self.inner.cache.get_or_insert((ino, idx));
             if new {
                 // A whole-page write or a page at or past EOF needs no read; any other
                 // partial write fetches the page first (FetchPolicy::Blocking).
                 let whole = from == pstart && to == pstart + BLOCK;
-                if whole || pstart >= size {
+                if whole {
+                    let g = p.lock();
+                    p.complete(g, self.inner.dev.alloc(BLOCK_SIZE));
+                } else if pstart >= size {
                     let g = p.lock();
                     p.complete(g, self.inner.dev.alloc_zeroed(BLOCK_SIZE));
                 } else {
                     self.inner.stats.fetches_for_partial_write.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    self.inner.fetch(ino, vec![p.clone()])?;
+                    if let Err(e) = self.inner.fetch(ino, vec![p.clone()]) {
+                        result = Err(e);
+                        break;
+                    }
                 }
             }
             let mut g = p.wait();
             if g.failed {
-                return Err(Error::io("fetch of a page for a partial write failed"));
+                result = Err(Error::io("fetch of a page for a partial write failed"));
+                break;
             }
             let n = (to - from) as usize;
             let at = (from - pstart) as usize;
             g.data_mut()[at..at + n].copy_from_slice(&data[copied..copied + n]);
             g.state = PageState::Dirty;
             drop(g);
-            self.inner.cache.mark_dirty((ino, idx));
             copied += n;
+            dirtied = idx + 1;
         }
+        // Every page changed so far goes to write-back, even when a later one failed.
+        self.inner.cache.mark_dirty_range(ino, first, dirtied);
+        result?;
         {
             let mut m = self.meta();
             let node = m.inode(ino)?;
