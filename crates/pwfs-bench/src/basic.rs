@@ -51,164 +51,162 @@ struct Sizes {
     chunk: usize,
 }
 
-fn pwfs_side(fs: &Fs, o: &Opts, s: &Sizes) -> R<Vec<(&'static str, f64)>> {
-    let data = vec![0x5au8; s.chunk];
-    let mut wr = Vec::new();
-    let mut rd = Vec::new();
-    for _ in 0..o.runs {
-        let _ = fs.remove_file("/seq");
-        fs.sync().map_err(err("sync"))?;
-        let t = Instant::now();
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(fs, "/seq")
-            .map_err(err("create"))?;
-        for i in 0..s.pages * PAGE / s.chunk as u64 {
-            f.write_at(&data, i * s.chunk as u64).map_err(err("write"))?;
-        }
-        f.sync_all().map_err(err("fsync"))?;
-        wr.push((s.pages * PAGE) as f64 / MIB as f64 / t.elapsed().as_secs_f64());
-        fs.evict_cache().map_err(err("evict"))?;
-        let mut buf = vec![0u8; s.chunk];
-        let t = Instant::now();
-        for i in 0..s.pages * PAGE / s.chunk as u64 {
-            f.read_at(&mut buf, i * s.chunk as u64).map_err(err("read"))?;
-        }
-        rd.push((s.pages * PAGE) as f64 / MIB as f64 / t.elapsed().as_secs_f64());
+impl Sizes {
+    fn chunks(&self) -> u64 {
+        self.pages * PAGE / self.chunk as u64
     }
-    let f = OpenOptions::new().read(true).write(true).open(fs, "/seq").map_err(err("open"))?;
-    fs.evict_cache().map_err(err("evict"))?;
-    let mut buf = vec![0u8; PAGE as usize];
-    let mut cold = Vec::new();
-    for p in shuffled_pages(s.pages, o.ops, o.seed) {
-        let t = Instant::now();
-        f.read_at(&mut buf, p * PAGE).map_err(err("read"))?;
-        cold.push(us(t));
+    fn mbps(&self, t: Instant) -> f64 {
+        (self.pages * PAGE) as f64 / MIB as f64 / t.elapsed().as_secs_f64()
     }
-    let warm_set = shuffled_pages(s.pages, o.ops.min(1000), o.seed + 1);
-    for p in &warm_set {
-        f.read_at(&mut buf, p * PAGE).map_err(err("read"))?;
-    }
-    let mut warm = Vec::new();
-    for p in &warm_set {
-        let t = Instant::now();
-        f.read_at(&mut buf, p * PAGE).map_err(err("read"))?;
-        warm.push(us(t));
-    }
-    let page = vec![0xa5u8; PAGE as usize];
-    let mut wf = Vec::new();
-    for p in shuffled_pages(s.pages, o.ops.min(1000), o.seed + 2) {
-        let t = Instant::now();
-        f.write_at(&page, p * PAGE).map_err(err("write"))?;
-        f.sync_data().map_err(err("fsync"))?;
-        wf.push(us(t));
-    }
-    let (c50, c99) = percentiles(cold);
-    let (w50, w99) = percentiles(wf);
-    Ok(vec![
-        ("cold50", c50),
-        ("cold99", c99),
-        ("warm50", percentiles(warm).0),
-        ("wf50", w50),
-        ("wf99", w99),
-        ("seqw", median(wr)),
-        ("seqr", median(rd)),
-    ])
 }
 
-fn kernel_side(path: &Path, direct: bool, o: &Opts, s: &Sizes) -> R<Vec<(&'static str, f64)>> {
-    let mut chunk = AlignedBuf::new(s.chunk);
-    chunk.fill(0x5a);
-    let mut wr = Vec::new();
-    let mut rd = Vec::new();
-    for _ in 0..o.runs {
-        let _ = std::fs::remove_file(path);
-        let f = KFile::open(path, direct, true).map_err(err("open"))?;
-        let t = Instant::now();
-        for i in 0..s.pages * PAGE / s.chunk as u64 {
-            f.pwrite(&chunk, i * s.chunk as u64).map_err(err("pwrite"))?;
-        }
-        f.fsync().map_err(err("fsync"))?;
-        wr.push((s.pages * PAGE) as f64 / MIB as f64 / t.elapsed().as_secs_f64());
-        f.drop_cache();
-        let t = Instant::now();
-        for i in 0..s.pages * PAGE / s.chunk as u64 {
-            f.pread(&mut chunk, i * s.chunk as u64).map_err(err("pread"))?;
-        }
-        rd.push((s.pages * PAGE) as f64 / MIB as f64 / t.elapsed().as_secs_f64());
-    }
-    let f = KFile::open(path, direct, false).map_err(err("open"))?;
-    f.drop_cache();
-    let mut buf = AlignedBuf::new(PAGE as usize);
-    let mut cold = Vec::new();
-    for p in shuffled_pages(s.pages, o.ops, o.seed) {
-        let t = Instant::now();
-        f.pread(&mut buf, p * PAGE).map_err(err("pread"))?;
-        cold.push(us(t));
-    }
-    let mut warm = Vec::new();
-    if !direct {
-        let warm_set = shuffled_pages(s.pages, o.ops.min(1000), o.seed + 1);
-        for p in &warm_set {
-            f.pread(&mut buf, p * PAGE).map_err(err("pread"))?;
-        }
-        for p in &warm_set {
-            let t = Instant::now();
-            f.pread(&mut buf, p * PAGE).map_err(err("pread"))?;
-            warm.push(us(t));
-        }
-    }
-    let mut page = AlignedBuf::new(PAGE as usize);
-    page.fill(0xa5);
-    let mut wf = Vec::new();
-    for p in shuffled_pages(s.pages, o.ops.min(1000), o.seed + 2) {
-        let t = Instant::now();
-        f.pwrite(&page, p * PAGE).map_err(err("pwrite"))?;
-        f.file.sync_data().map_err(err("fdatasync"))?;
-        wf.push(us(t));
-    }
-    let (c50, c99) = percentiles(cold);
-    let (w50, w99) = percentiles(wf);
-    Ok(vec![
-        ("cold50", c50),
-        ("cold99", c99),
-        ("warm50", percentiles(warm).0),
-        ("wf50", w50),
-        ("wf99", w99),
-        ("seqw", median(wr)),
-        ("seqr", median(rd)),
-    ])
+/// One column of the table: where the bytes go.
+enum Target {
+    Pwfs(Fs),
+    Kernel { path: std::path::PathBuf, direct: bool },
+    Raw { image: std::path::PathBuf, base: u64 },
 }
 
-/// io_uring O_DIRECT straight on the image: the floor for reads.
-fn raw_side(image: &Path, data_start: u64, o: &Opts, s: &Sizes) -> R<Vec<(&'static str, f64)>> {
-    let dev = UringDevice::open(image, &UringOptions { arena_bytes: 4 * MIB as usize, ..Default::default() })
-        .map_err(err("open image"))?;
-    let base = data_start * PAGE;
-    let mut cold = Vec::new();
-    for p in shuffled_pages(s.pages, o.ops, o.seed + 3) {
-        let t = Instant::now();
-        let (_, r) = dev.read(base + p * PAGE, dev.alloc(PAGE as usize));
-        r.map_err(err("raw read"))?;
-        cold.push(us(t));
-    }
-    let mut rd = Vec::new();
-    let mut buf = AlignedBuf::new(s.chunk);
-    for _ in 0..o.runs {
-        let t = Instant::now();
-        for i in 0..s.pages * PAGE / s.chunk as u64 {
-            let mut d = dev.submit(vec![Op::read(base + i * s.chunk as u64, buf)]);
-            let done = d.pop().expect("one op");
-            done.result.map_err(err("raw read"))?;
-            buf = done.bufs.into_iter().next().expect("buffer back");
+fn open_raw(image: &Path) -> R<UringDevice> {
+    UringDevice::open(image, &UringOptions { arena_bytes: 4 * MIB as usize, ..Default::default() })
+        .map_err(err("open image"))
+}
+
+const PWFS_FILE: &str = "/seq";
+
+impl Target {
+    /// Write the whole file afresh in 1 MiB chunks and fsync it; MB/s.
+    fn seq_write(&self, s: &Sizes) -> R<f64> {
+        match self {
+            Target::Pwfs(fs) => {
+                let _ = fs.remove_file(PWFS_FILE);
+                fs.sync().map_err(err("sync"))?;
+                let data = vec![0x5au8; s.chunk];
+                let t = Instant::now();
+                let f = OpenOptions::new().write(true).create(true).truncate(true).open(fs, PWFS_FILE);
+                let f = f.map_err(err("create"))?;
+                for i in 0..s.chunks() {
+                    f.write_at(&data, i * s.chunk as u64).map_err(err("write"))?;
+                }
+                f.sync_all().map_err(err("fsync"))?;
+                Ok(s.mbps(t))
+            }
+            Target::Kernel { path, direct } => {
+                let _ = std::fs::remove_file(path);
+                let mut chunk = AlignedBuf::new(s.chunk);
+                chunk.fill(0x5a);
+                let t = Instant::now();
+                let f = KFile::open(path, *direct, true).map_err(err("open"))?;
+                for i in 0..s.chunks() {
+                    f.pwrite(&chunk, i * s.chunk as u64).map_err(err("pwrite"))?;
+                }
+                f.fsync().map_err(err("fsync"))?;
+                Ok(s.mbps(t))
+            }
+            Target::Raw { .. } => Ok(f64::NAN),
         }
-        rd.push((s.pages * PAGE) as f64 / MIB as f64 / t.elapsed().as_secs_f64());
     }
-    let (c50, c99) = percentiles(cold);
-    Ok(vec![("cold50", c50), ("cold99", c99), ("seqr", median(rd))])
+
+    /// Make the next reads cold.
+    fn drop_cache(&self) -> R<()> {
+        match self {
+            Target::Pwfs(fs) => fs.evict_cache().map_err(err("evict")),
+            Target::Kernel { path, direct } => {
+                KFile::open(path, *direct, false).map_err(err("open"))?.drop_cache();
+                Ok(())
+            }
+            Target::Raw { .. } => Ok(()),
+        }
+    }
+
+    /// Read the whole file cold in 1 MiB chunks; MB/s.
+    fn seq_read(&self, s: &Sizes) -> R<f64> {
+        self.drop_cache()?;
+        match self {
+            Target::Pwfs(fs) => {
+                let f = OpenOptions::new().read(true).open(fs, PWFS_FILE).map_err(err("open"))?;
+                let mut buf = vec![0u8; s.chunk];
+                let t = Instant::now();
+                for i in 0..s.chunks() {
+                    f.read_at(&mut buf, i * s.chunk as u64).map_err(err("read"))?;
+                }
+                Ok(s.mbps(t))
+            }
+            Target::Kernel { path, direct } => {
+                let f = KFile::open(path, *direct, false).map_err(err("open"))?;
+                let mut buf = AlignedBuf::new(s.chunk);
+                let t = Instant::now();
+                for i in 0..s.chunks() {
+                    f.pread(&mut buf, i * s.chunk as u64).map_err(err("pread"))?;
+                }
+                Ok(s.mbps(t))
+            }
+            Target::Raw { image, base } => {
+                let dev = open_raw(image)?;
+                let mut buf = AlignedBuf::new(s.chunk);
+                let t = Instant::now();
+                for i in 0..s.chunks() {
+                    let mut d = dev.submit(vec![Op::read(base + i * s.chunk as u64, buf)]);
+                    let done = d.pop().expect("one op");
+                    done.result.map_err(err("raw read"))?;
+                    buf = done.bufs.into_iter().next().expect("buffer back");
+                }
+                Ok(s.mbps(t))
+            }
+        }
+    }
+}
+
+/// An open handle for per-operation measurements.
+enum Handle {
+    Pwfs(pwfs::File),
+    Kernel(KFile),
+    Raw(UringDevice, u64),
+}
+
+impl Handle {
+    fn open(t: &Target) -> R<Handle> {
+        Ok(match t {
+            Target::Pwfs(fs) => {
+                Handle::Pwfs(OpenOptions::new().read(true).write(true).open(fs, PWFS_FILE).map_err(err("open"))?)
+            }
+            Target::Kernel { path, direct } => Handle::Kernel(KFile::open(path, *direct, false).map_err(err("open"))?),
+            Target::Raw { image, base } => Handle::Raw(open_raw(image)?, *base),
+        })
+    }
+
+    /// Latency of one 4 KiB read of page `p`, in microseconds.
+    fn read(&self, p: u64, buf: &mut AlignedBuf) -> R<f64> {
+        let t = Instant::now();
+        match self {
+            Handle::Pwfs(f) => {
+                f.read_at(buf, p * PAGE).map_err(err("read"))?;
+            }
+            Handle::Kernel(f) => f.pread(buf, p * PAGE).map_err(err("pread"))?,
+            Handle::Raw(dev, base) => {
+                let (_, r) = dev.read(base + p * PAGE, dev.alloc(PAGE as usize));
+                r.map_err(err("raw read"))?;
+            }
+        }
+        Ok(us(t))
+    }
+
+    /// Latency of a 4 KiB overwrite of page `p` followed by fdatasync.
+    fn write_sync(&self, p: u64, page: &AlignedBuf) -> R<f64> {
+        let t = Instant::now();
+        match self {
+            Handle::Pwfs(f) => {
+                f.write_at(page, p * PAGE).map_err(err("write"))?;
+                f.sync_data().map_err(err("fdatasync"))?;
+            }
+            Handle::Kernel(f) => {
+                f.pwrite(page, p * PAGE).map_err(err("pwrite"))?;
+                f.file.sync_data().map_err(err("fdatasync"))?;
+            }
+            Handle::Raw(..) => return Ok(f64::NAN),
+        }
+        Ok(us(t))
+    }
 }
 
 pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
@@ -219,27 +217,72 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
     make_image(&image, (2 * o.file_mib + 64) * MIB)?;
     let config = Config { cache_bytes: CACHE_BYTES, ..Default::default() };
     let fs = pwfs::mount_image(&image, config).map_err(err("mount"))?;
-    let data_start = fs.superblock().data_start;
-    progress("pwfs");
-    let p = pwfs_side(&fs, o, &s)?;
-    let js = fs.journal_stats();
-    fs.unmount().map_err(err("unmount"))?;
-    progress("ext4 buffered");
+    let base = fs.superblock().data_start * PAGE;
     let kb_path = o.dir.join("kernel-buffered.dat");
-    let kb = kernel_side(&kb_path, false, o, &s)?;
-    progress("ext4 O_DIRECT");
     let kd_path = o.dir.join("kernel-direct.dat");
-    let kd = kernel_side(&kd_path, true, o, &s)?;
-    progress("raw io_uring");
-    let raw = raw_side(&image, data_start, o, &s)?;
+    let targets = [
+        Target::Pwfs(fs.clone()),
+        Target::Kernel { path: kb_path.clone(), direct: false },
+        Target::Kernel { path: kd_path.clone(), direct: true },
+        Target::Raw { image: image.clone(), base },
+    ];
+    // Every measurement alternates between the columns, so that drift of the shared
+    // machine (which is large) falls on all of them alike.
+    let mut seqw: Vec<Vec<f64>> = vec![Vec::new(); 4];
+    let mut seqr: Vec<Vec<f64>> = vec![Vec::new(); 4];
+    for run in 0..o.runs {
+        progress(&format!("sequential write and read, run {} of {}", run + 1, o.runs));
+        for (i, t) in targets.iter().enumerate() {
+            seqw[i].push(t.seq_write(&s)?);
+        }
+        for (i, t) in targets.iter().enumerate() {
+            seqr[i].push(t.seq_read(&s)?);
+        }
+    }
+    progress("random 4 KiB reads and write+fsync");
+    let handles: Vec<Handle> = targets.iter().map(Handle::open).collect::<R<_>>()?;
+    for t in &targets {
+        t.drop_cache()?;
+    }
+    let mut buf = AlignedBuf::new(PAGE as usize);
+    let mut cold: Vec<Vec<f64>> = vec![Vec::new(); 4];
+    let orders: Vec<Vec<u64>> = (0..4).map(|i| shuffled_pages(s.pages, o.ops, o.seed + i)).collect();
+    for k in 0..o.ops.min(s.pages as usize) {
+        for (i, h) in handles.iter().enumerate() {
+            cold[i].push(h.read(orders[i][k], &mut buf)?);
+        }
+    }
+    let warm_set = shuffled_pages(s.pages, o.ops.min(1000), o.seed + 10);
+    let mut warm: Vec<Vec<f64>> = vec![Vec::new(); 2];
+    for h in &handles[..2] {
+        for p in &warm_set {
+            h.read(*p, &mut buf)?;
+        }
+    }
+    for p in &warm_set {
+        for (i, h) in handles[..2].iter().enumerate() {
+            warm[i].push(h.read(*p, &mut buf)?);
+        }
+    }
+    let mut page = AlignedBuf::new(PAGE as usize);
+    page.fill(0xa5);
+    let mut wsync: Vec<Vec<f64>> = vec![Vec::new(); 3];
+    for p in shuffled_pages(s.pages, o.ops.min(1000), o.seed + 20) {
+        for (i, h) in handles[..3].iter().enumerate() {
+            wsync[i].push(h.write_sync(p, &page)?);
+        }
+    }
+    drop(handles);
+    let js = fs.journal_stats();
+    drop(targets);
+    fs.unmount().map_err(err("unmount"))?;
     for f in [&image, &kb_path, &kd_path] {
         let _ = std::fs::remove_file(f);
     }
 
-    let get = |v: &[(&str, f64)], k: &str| v.iter().find(|x| x.0 == k).map(|x| x.1).unwrap_or(f64::NAN);
     let mut r = Report {
         title: format!(
-            "pwfs bench basic: {} MiB file, {} random ops, median of {} runs (pwfs cache {} MiB)",
+            "pwfs bench basic: {} MiB file, {} random ops, median of {} runs (pwfs cache {} MiB), columns interleaved",
             o.file_mib,
             o.ops,
             o.runs,
@@ -248,20 +291,26 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
         columns: ["pwfs", "ext4-buffered", "ext4-direct", "raw-uring"].map(String::from).to_vec(),
         ..Default::default()
     };
-    let cols = |k: &str, with_raw: bool| {
-        let mut v = vec![("pwfs", get(&p, k)), ("ext4-buffered", get(&kb, k)), ("ext4-direct", get(&kd, k))];
-        if with_raw {
-            v.push(("raw-uring", get(&raw, k)));
-        }
-        v
+    let names = ["pwfs", "ext4-buffered", "ext4-direct", "raw-uring"];
+    let p = |v: &[Vec<f64>], q: usize| -> Vec<(&str, f64)> {
+        v.iter()
+            .zip(names)
+            .map(|(x, n)| {
+                let (p50, p99) = percentiles(x.clone());
+                (n, if q == 50 { p50 } else { p99 })
+            })
+            .collect()
     };
-    r.row("cold 4K randread p50", "us", true, &cols("cold50", true));
-    r.row("cold 4K randread p99", "us", true, &cols("cold99", true));
-    r.row("4K write+fsync p50", "us", true, &cols("wf50", false));
-    r.row("4K write+fsync p99", "us", true, &cols("wf99", false));
-    r.row("seq write 1M + fsync", "MB/s", false, &cols("seqw", false));
-    r.row("seq read 1M cold", "MB/s", false, &cols("seqr", true));
-    r.row("warm 4K read p50", "us", true, &[("pwfs", get(&p, "warm50")), ("ext4-buffered", get(&kb, "warm50"))]);
+    let med = |v: &[Vec<f64>], cols: usize| -> Vec<(&str, f64)> {
+        v.iter().take(cols).zip(names).map(|(x, n)| (n, median(x.clone()))).collect()
+    };
+    r.row("cold 4K randread p50", "us", true, &p(&cold, 50));
+    r.row("cold 4K randread p99", "us", true, &p(&cold, 99));
+    r.row("4K write+fdatasync p50", "us", true, &p(&wsync, 50));
+    r.row("4K write+fdatasync p99", "us", true, &p(&wsync, 99));
+    r.row("seq write 1M + fsync", "MB/s", false, &med(&seqw, 3));
+    r.row("seq read 1M cold", "MB/s", false, &med(&seqr, 4));
+    r.row("warm 4K read p50", "us", true, &p(&warm, 50));
     r.target("cold 4K read latency vs the device", "cold 4K randread p50", "pwfs", "raw-uring", Some(1.5), None);
     r.target("sequential write vs kernel O_DIRECT", "seq write 1M + fsync", "pwfs", "ext4-direct", None, Some(0.8));
     r.target("sequential read vs kernel O_DIRECT", "seq read 1M cold", "pwfs", "ext4-direct", None, Some(0.8));
