@@ -247,9 +247,11 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
     let mut buf = AlignedBuf::new(PAGE as usize);
     let mut cold: Vec<Vec<f64>> = vec![Vec::new(); 4];
     let orders: Vec<Vec<u64>> = (0..4).map(|i| shuffled_pages(s.pages, o.ops, o.seed + i)).collect();
-    for k in 0..o.ops.min(s.pages as usize) {
+    let mut orders: Vec<std::vec::IntoIter<u64>> = orders.into_iter().map(Vec::into_iter).collect();
+    'cold: loop {
         for (i, h) in handles.iter().enumerate() {
-            cold[i].push(h.read(orders[i][k], &mut buf)?);
+            let Some(p) = orders[i].next() else { break 'cold };
+            cold[i].push(h.read(p, &mut buf)?);
         }
     }
     let warm_set = shuffled_pages(s.pages, o.ops.min(1000), o.seed + 10);
