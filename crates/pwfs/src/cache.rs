@@ -231,6 +231,12 @@ impl PageCache {
         }
     }
 
+    /// `holds` for many pages, under one lock.
+    pub fn holds_all<'a>(&self, pages: impl Iterator<Item = &'a Arc<Page>>) -> Vec<bool> {
+        let m = self.map.lock();
+        pages.map(|page| m.pages.get(&page.key).is_some_and(|p| Arc::ptr_eq(p, page))).collect()
+    }
+
     /// Whether this very page (not just its key) is still in the cache.
     pub fn holds(&self, page: &Arc<Page>) -> bool {
         self.map.lock().pages.get(&page.key).is_some_and(|p| Arc::ptr_eq(p, page))

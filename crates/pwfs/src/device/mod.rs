@@ -97,6 +97,18 @@ pub trait Device: Send + Sync {
     /// order. The result has one `Done` per op, in the order of `ops`.
     fn submit(&self, ops: Vec<Op>) -> Vec<Done>;
 
+    /// Run the batches `next` produces as one stream: an engine that can keep
+    /// requests in flight asks for the next batch while earlier ones are on the
+    /// device, so the caller's work to build a batch overlaps the I/O. One `Done` per
+    /// op, in the order the ops were produced.
+    fn submit_stream(&self, next: &mut dyn FnMut() -> Option<Vec<Op>>) -> Vec<Done> {
+        let mut out = Vec::new();
+        while let Some(ops) = next() {
+            out.extend(self.submit(ops));
+        }
+        out
+    }
+
     /// Make every completed write durable.
     fn flush(&self) -> Result<(), DevError>;
 

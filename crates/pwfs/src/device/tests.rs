@@ -104,6 +104,35 @@ fn conformance(dev: &dyn Device) {
         d.result.unwrap();
         assert_eq!(&d.bufs[0][..], &pattern(4096, i as u8)[..]);
     }
+    // A stream: batches produced while earlier ones are in flight, results in order,
+    // and the producer may do I/O of its own on the same device meanwhile.
+    let mut batch = 0u64;
+    let mut next = || {
+        if batch == 8 {
+            return None;
+        }
+        let (_, r) = dev.read(0, dev.alloc(512));
+        r.unwrap();
+        let ops = (0..40)
+            .map(|i| Op::write(65536 + (batch * 40 + i) * 1024, pattern(1024, (batch * 40 + i) as u8)))
+            .collect();
+        batch += 1;
+        Some(ops)
+    };
+    let done = dev.submit_stream(&mut next);
+    assert_eq!(done.len(), 320);
+    for d in &done {
+        d.result.clone().unwrap();
+    }
+    for i in 0..320u64 {
+        let (b, r) = dev.read(65536 + i * 1024, AlignedBuf::new(1024));
+        r.unwrap();
+        assert_eq!(&b[..], &pattern(1024, i as u8)[..], "stream write {i}");
+    }
+    let mut once = Some(vec![Op::read(7, AlignedBuf::new(512)), Op::read(0, AlignedBuf::new(512))]);
+    let done = dev.submit_stream(&mut || once.take());
+    assert_eq!(done[0].result, Err(DevError::Misaligned));
+    assert!(done[1].result.is_ok());
     // Errors in a batch stay with their op.
     let done = dev.submit(vec![Op::read(0, AlignedBuf::new(512)), Op::read(7, AlignedBuf::new(512))]);
     assert!(done[0].result.is_ok());

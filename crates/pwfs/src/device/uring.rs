@@ -22,6 +22,9 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 struct Ring {
     device: u64,
+    /// Streams (`submit_stream`) have a ring of their own, so that I/O the stream's
+    /// producer does on the same thread never reaps the stream's completions.
+    stream: bool,
     arena: Weak<Arena>,
     ring: IoUring,
     /// The arena is registered as fixed buffer 0.
@@ -85,9 +88,13 @@ impl UringDevice {
     }
 
     fn with_ring<R>(&self, f: impl FnOnce(&mut Ring) -> R) -> R {
+        self.with_ring_of(false, f)
+    }
+
+    fn with_ring_of<R>(&self, stream: bool, f: impl FnOnce(&mut Ring) -> R) -> R {
         RINGS.with(|rings| {
             let mut rings = rings.borrow_mut();
-            if let Some(r) = rings.iter_mut().find(|r| r.device == self.id) {
+            if let Some(r) = rings.iter_mut().find(|r| r.device == self.id && r.stream == stream) {
                 return f(r);
             }
             // Drop rings of devices that are gone before adding one.
@@ -102,7 +109,7 @@ impl UringDevice {
                 && ring.submitter().register_probe(&mut probe).is_ok()
                 && probe.is_supported(opcode::ReadvFixed::CODE)
                 && probe.is_supported(opcode::WritevFixed::CODE);
-            rings.push(Ring { device: self.id, arena: Arc::downgrade(&self.arena), ring, fixed, vec_fixed });
+            rings.push(Ring { device: self.id, stream, arena: Arc::downgrade(&self.arena), ring, fixed, vec_fixed });
             f(rings.last_mut().expect("just pushed"))
         })
     }
@@ -190,6 +197,74 @@ impl Device for UringDevice {
                 }
             }
         });
+        ops.into_iter()
+            .zip(results)
+            .map(|(op, r)| Done { bufs: op.bufs, result: r.expect("every op completed") })
+            .collect()
+    }
+
+    fn submit_stream(&self, next: &mut dyn FnMut() -> Option<Vec<Op>>) -> Vec<Done> {
+        let mut ops: Vec<Op> = Vec::new();
+        let mut results: Vec<Option<Result<(), DevError>>> = Vec::new();
+        // Heap storage of each op's iovecs stays put while `iovs` grows.
+        let mut iovs: Vec<Vec<libc::iovec>> = Vec::new();
+        let (mut pushed, mut in_flight, mut exhausted) = (0usize, 0u32, false);
+        loop {
+            // Ask for more work only when everything so far is on the device and there
+            // is room; the producer runs (and may do I/O of its own) outside the ring.
+            if !exhausted && pushed == ops.len() && in_flight < self.depth {
+                match next() {
+                    Some(batch) => {
+                        for op in batch {
+                            results.push(validate(&op, self.len).err().map(Err));
+                            iovs.push(Vec::new());
+                            ops.push(op);
+                        }
+                    }
+                    None => exhausted = true,
+                }
+            }
+            let finished = self.with_ring_of(true, |r| {
+                while pushed < ops.len() && in_flight < self.depth {
+                    if results[pushed].is_none() {
+                        let e = self
+                            .entry(&mut ops[pushed], &mut iovs[pushed], r.fixed, r.vec_fixed)
+                            .user_data(pushed as u64);
+                        // SAFETY: buffers and iovecs stay alive and unmoved until the
+                        // completion for this entry is reaped.
+                        if unsafe { r.ring.submission().push(&e) }.is_err() {
+                            break;
+                        }
+                        in_flight += 1;
+                    }
+                    pushed += 1;
+                }
+                if in_flight == 0 {
+                    return exhausted && pushed == ops.len();
+                }
+                // Start the I/O; wait for a completion only if there is nothing else
+                // to do (no more work to ask for, or no room for it).
+                let more = !exhausted && pushed == ops.len() && in_flight < self.depth;
+                loop {
+                    match r.ring.submit_and_wait(if more { 0 } else { 1 }) {
+                        Ok(_) => break,
+                        Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                        Err(e) => panic!("io_uring_enter failed: {e}"),
+                    }
+                }
+                for cqe in r.ring.completion() {
+                    let i = cqe.user_data() as usize;
+                    let res = cqe.result();
+                    results[i] =
+                        Some(if res < 0 { Err(DevError::Io(-res)) } else { complete(res as i64, ops[i].len()) });
+                    in_flight -= 1;
+                }
+                false
+            });
+            if finished {
+                break;
+            }
+        }
         ops.into_iter()
             .zip(results)
             .map(|(op, r)| Done { bufs: op.bufs, result: r.expect("every op completed") })

@@ -555,23 +555,74 @@ impl FsInner {
         if pages.is_empty() {
             return Ok(false);
         }
-        // The pages' own buffers go to the device; the pages wait for them.
-        let mut items: Vec<(Arc<Page>, AlignedBuf)> = Vec::with_capacity(pages.len());
-        for p in pages {
+        // Pages are prepared (mapped, allocated, turned into requests) a chunk at a
+        // time, while the device writes the chunks before: the bookkeeping of write-back
+        // overlaps its I/O instead of leaving the device idle.
+        const CHUNK: usize = 2048;
+        let mut pages = pages.into_iter();
+        let mut written: Vec<Arc<Page>> = Vec::new();
+        let mut mapped = Ok(());
+        let mut next = || -> Option<Vec<Op>> {
+            while mapped.is_ok() {
+                let chunk: Vec<Arc<Page>> = pages.by_ref().take(CHUNK).collect();
+                if chunk.is_empty() {
+                    return None;
+                }
+                let ops = self.prepare_writeback(chunk, &mut written, &mut mapped);
+                if !ops.is_empty() {
+                    return Some(ops);
+                }
+            }
+            None
+        };
+        let done = self.dev.submit_stream(&mut next);
+        self.stats.data_writes.fetch_add(written.len() as u64, Ordering::Relaxed);
+        let mut result = mapped;
+        let mut written = written.into_iter();
+        for d in done {
+            if let Err(e) = d.result {
+                result = Err(e.into());
+            }
+            // Buffers come back even on error; the pages get them back either way.
+            for buf in d.bufs {
+                written.next().expect("one page per buffer").end_writeback(buf);
+            }
+        }
+        result.map_err(|e| self.poison(e))?;
+        Ok(true)
+    }
+
+    /// Lend the buffers of `chunk`'s dirty pages to write-back, place them (allocating
+    /// blocks as contiguous runs) and build the write requests; `written` receives the
+    /// pages in the order of the requests' buffers. Pages that need no write get their
+    /// buffers back at once.
+    fn prepare_writeback(
+        &self,
+        chunk: Vec<Arc<Page>>,
+        written: &mut Vec<Arc<Page>>,
+        mapped: &mut Result<()>,
+    ) -> Vec<Op> {
+        let mut items: Vec<(Arc<Page>, AlignedBuf)> = Vec::with_capacity(chunk.len());
+        for p in chunk {
             if let Some(buf) = p.begin_writeback() {
                 items.push((p, buf));
             }
         }
         // A page dropped from the cache meanwhile (truncate, delete) has nothing to write.
-        let (items, dropped): (Vec<_>, Vec<_>) = items.into_iter().partition(|(p, _)| self.cache.holds(p));
-        dropped.into_iter().for_each(|(p, buf)| p.end_writeback(buf));
-        // Map (and allocate, as contiguous runs) under the metadata lock.
-        let mut placed: Vec<(u64, Arc<Page>, AlignedBuf)> = Vec::with_capacity(items.len());
+        let held = self.cache.holds_all(items.iter().map(|i| &i.0));
         let mut unplaced = Vec::new();
-        let mut mapped = Ok(());
+        let mut kept = Vec::with_capacity(items.len());
+        for (item, h) in items.into_iter().zip(held) {
+            if h {
+                kept.push(item);
+            } else {
+                unplaced.push(item);
+            }
+        }
+        let mut placed: Vec<(u64, Arc<Page>, AlignedBuf)> = Vec::with_capacity(kept.len());
         {
             let mut m = self.meta.lock();
-            let mut items = items.into_iter().peekable();
+            let mut items = kept.into_iter().peekable();
             while let Some(first) = items.next() {
                 let (ino, idx) = first.0.key;
                 let mut run = vec![first];
@@ -581,7 +632,7 @@ impl FsInner {
                 let phys = match self.map_run(&mut m, ino, idx, run.len() as u64) {
                     Ok(v) => v,
                     Err(e) => {
-                        mapped = Err(e);
+                        *mapped = Err(e);
                         unplaced.extend(run);
                         unplaced.extend(items.by_ref());
                         break;
@@ -599,7 +650,6 @@ impl FsInner {
         unplaced.into_iter().for_each(|(p, buf)| p.end_writeback(buf));
         placed.sort_by_key(|p| p.0);
         let mut ops: Vec<Op> = Vec::new();
-        let mut written: Vec<Arc<Page>> = Vec::with_capacity(placed.len());
         let mut last: Option<u64> = None;
         for (b, page, buf) in placed {
             match (ops.last_mut(), last) {
@@ -609,20 +659,7 @@ impl FsInner {
             last = Some(b);
             written.push(page);
         }
-        self.stats.data_writes.fetch_add(written.len() as u64, Ordering::Relaxed);
-        let mut result = mapped;
-        let mut pages = written.into_iter();
-        for d in self.dev.submit(ops) {
-            if let Err(e) = d.result {
-                result = Err(e.into());
-            }
-            // Buffers come back even on error; the pages get them back either way.
-            for buf in d.bufs {
-                pages.next().expect("one page per buffer").end_writeback(buf);
-            }
-        }
-        result.map_err(|e| self.poison(e))?;
-        Ok(true)
+        ops
     }
 
     /// Device blocks for `n` consecutive pages of `ino` from `idx`, allocating the
