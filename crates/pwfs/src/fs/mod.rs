@@ -64,6 +64,8 @@ pub(crate) struct FsInner {
     wake: Arc<(Mutex<bool>, Condvar)>,
     /// The write-back thread was woken for dirty data (not by its timer).
     kick: std::sync::atomic::AtomicBool,
+    /// Writers over the dirty limit wait here for the write-back thread.
+    throttle: (Mutex<()>, Condvar),
     thread: Mutex<Option<JoinHandle<()>>>,
     /// Readahead: per file, where its sequential reader is expected next and the
     /// first page not yet queued for reading ahead; and the background reader's queue.
@@ -243,6 +245,7 @@ impl Fs {
             poisoned: Mutex::new(None),
             wake: Arc::new((Mutex::new(false), Condvar::new())),
             kick: Default::default(),
+            throttle: (Mutex::new(()), Condvar::new()),
             thread: Mutex::new(None),
             ra_next: Mutex::new(Default::default()),
             ra_queue: Mutex::new(None),
@@ -374,7 +377,22 @@ fn writeback_thread(fs: Weak<FsInner>, wake: Arc<(Mutex<bool>, Condvar)>, every:
         let Some(inner) = fs.upgrade() else { return };
         if inner.poisoned.lock().is_none() {
             // Errors poison the file system; the next caller sees them.
-            let _ = if inner.kick.swap(false, Ordering::Relaxed) { inner.writeback() } else { inner.commit() };
+            if inner.kick.swap(false, Ordering::Relaxed) {
+                // Write back until well under the limit, waking throttled writers
+                // after every round.
+                let low = inner.cache.capacity() as f64 * inner.config.dirty_ratio / 4.0;
+                loop {
+                    let r = inner.writeback();
+                    // Under the lock the writers check under: no wake-up is lost.
+                    drop(inner.throttle.0.lock());
+                    inner.throttle.1.notify_all();
+                    if r.is_err() || (inner.cache.dirty_count() as f64) < low {
+                        break;
+                    }
+                }
+            } else {
+                let _ = inner.commit();
+            }
         }
     }
 }
@@ -531,11 +549,28 @@ impl FsInner {
         let dirty = self.cache.dirty_count() as f64;
         let limit = self.cache.capacity() as f64 * self.config.dirty_ratio;
         if big {
-            self.commit()?;
-        } else if dirty >= limit {
-            self.writeback()?;
-        } else if dirty >= limit / 2.0 && !self.kick.swap(true, Ordering::Relaxed) {
+            return self.commit();
+        }
+        if dirty >= limit / 2.0 && !self.kick.swap(true, Ordering::Relaxed) {
             self.wake.1.notify_all();
+        }
+        if dirty >= limit {
+            if self.config.writeback_interval.is_none() {
+                return self.writeback();
+            }
+            // Throttle: wait for the write-back thread to bring dirty data under the
+            // limit (so the device keeps writing while this writer waits), or do it
+            // here if that takes too long.
+            let mut g = self.throttle.0.lock();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
+            while (self.cache.dirty_count() as f64) >= limit {
+                self.kick.store(true, Ordering::Relaxed);
+                self.wake.1.notify_all();
+                if self.throttle.1.wait_until(&mut g, deadline).timed_out() {
+                    drop(g);
+                    return self.writeback();
+                }
+            }
         }
         Ok(())
     }
