@@ -340,7 +340,16 @@ fn threads_match_their_models() {
     use proptest::strategy::ValueTree;
     use proptest::test_runner::{Config, TestRunner};
     for round in 0..8u64 {
-        let (dev, fs) = mem_fs(64 * MIB);
+        // A small cache and a busy write-back thread: background write-back and
+        // throttling race with the operations.
+        let dev = Arc::new(pwfs::device::mem::MemDevice::new(64 * MIB));
+        pwfs::mkfs(&*dev, &pwfs::MkfsOptions::default()).unwrap();
+        let config = pwfs::Config {
+            cache_bytes: 96 * 4096,
+            writeback_interval: Some(std::time::Duration::from_millis(5)),
+            ..test_config()
+        };
+        let fs = Fs::mount(dev.clone(), config).unwrap();
         let prefixes: [&'static str; 4] = ["/t0", "/t1", "/t2", "/t3"];
         for p in prefixes {
             fs.create_dir(p, 0o755).unwrap();

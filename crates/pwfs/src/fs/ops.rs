@@ -631,14 +631,14 @@ impl Fs {
             copied += n;
             dirtied = idx + 1;
         }
-        // Every page changed so far goes to write-back, even when a later one failed.
-        self.inner.cache.mark_dirty_range(ino, first, dirtied);
-        result?;
-        {
+        // The size covers what was copied before the pages go to write-back, which
+        // takes a dirty page past the end of file for a truncated one and skips it.
+        let copied_end = offset + copied as u64;
+        if copied > 0 {
             let mut m = self.meta();
             let node = m.inode(ino)?;
-            let grew = end > node.d.size;
-            node.d.size = node.d.size.max(end);
+            let grew = copied_end > node.d.size;
+            node.d.size = node.d.size.max(copied_end);
             let t = now();
             node.d.mtime = t;
             node.d.ctime = t;
@@ -647,6 +647,9 @@ impl Fs {
                 m.data_meta_dirty.insert(ino);
             }
         }
+        // Every page changed so far goes to write-back, even when a later one failed.
+        self.inner.cache.mark_dirty_range(ino, first, dirtied);
+        result?;
         drop(_g);
         self.inner.maybe_commit()?;
         Ok(offset)
