@@ -97,7 +97,7 @@ impl Drop for AlignedBuf {
                 // SAFETY: allocated in `new` with this layout.
                 unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) }
             }
-            Origin::Arena { arena, slot } => arena.free.lock().push(*slot),
+            Origin::Arena { arena, slot } => arena.free.lock().put(*slot),
         }
     }
 }
@@ -113,7 +113,57 @@ pub struct Arena {
     base: NonNull<u8>,
     slot_size: usize,
     slots: usize,
-    free: Mutex<Vec<u32>>,
+    free: Mutex<Slots>,
+}
+
+/// Free slots as a bitmap, handed out next-fit in address order: buffers taken one
+/// after another are adjacent in memory whenever possible, and (with huge pages under
+/// the arena) physically contiguous, so the block layer sends a run of pages as a few
+/// large segments rather than one segment per page.
+struct Slots {
+    free: Vec<u64>,
+    count: usize,
+    cursor: usize,
+}
+
+impl Slots {
+    fn new(n: usize) -> Slots {
+        let mut free = vec![!0u64; n.div_ceil(64)];
+        if n % 64 != 0 {
+            *free.last_mut().expect("n > 0") = (1u64 << (n % 64)) - 1;
+        }
+        Slots { free, count: n, cursor: 0 }
+    }
+
+    fn take(&mut self) -> Option<u32> {
+        if self.count == 0 {
+            return None;
+        }
+        let words = self.free.len();
+        let start = self.cursor / 64;
+        for k in 0..=words {
+            let w = (start + k) % words;
+            let mut bits = self.free[w];
+            if k == 0 {
+                bits &= !0u64 << (self.cursor % 64);
+            }
+            if bits != 0 {
+                let slot = w * 64 + bits.trailing_zeros() as usize;
+                self.free[w] &= !(1u64 << (slot % 64));
+                self.count -= 1;
+                self.cursor = slot + 1;
+                return Some(slot as u32);
+            }
+        }
+        None
+    }
+
+    fn put(&mut self, slot: u32) {
+        let s = slot as usize;
+        debug_assert!(self.free[s / 64] & (1 << (s % 64)) == 0, "slot {s} freed twice");
+        self.free[s / 64] |= 1 << (s % 64);
+        self.count += 1;
+    }
 }
 
 // SAFETY: the mapping lives as long as the arena; slots are handed out exclusively.
@@ -138,7 +188,11 @@ impl Arena {
         if ptr == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
         }
-        let free = (0..slots as u32).rev().collect();
+        // Huge pages where the system allows them on request: fewer pages to pin when
+        // a ring registers the arena, and physically contiguous runs of slots.
+        // SAFETY: advice on a mapping we own; failure only means small pages.
+        unsafe { libc::madvise(ptr, bytes, libc::MADV_HUGEPAGE) };
+        let free = Slots::new(slots);
         Ok(Arc::new(Arena {
             base: NonNull::new(ptr as *mut u8).expect("mmap returned null"),
             slot_size,
@@ -153,7 +207,7 @@ impl Arena {
         if len > self.slot_size {
             return None;
         }
-        let slot = self.free.lock().pop()?;
+        let slot = self.free.lock().take()?;
         // SAFETY: slot < slots, so the range lies inside the mapping.
         let ptr = unsafe { self.base.as_ptr().add(slot as usize * self.slot_size) };
         Some(AlignedBuf {
@@ -172,7 +226,7 @@ impl Arena {
     }
 
     pub fn free_slots(&self) -> usize {
-        self.free.lock().len()
+        self.free.lock().count
     }
 }
 
@@ -180,5 +234,27 @@ impl Drop for Arena {
     fn drop(&mut self) {
         // SAFETY: unmapping what `new` mapped; no buffer outlives the arena (they hold an Arc).
         unsafe { libc::munmap(self.base.as_ptr() as *mut libc::c_void, self.bytes()) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arena_hands_out_slots_in_address_order_and_reuses_them() {
+        let a = Arena::new(4096, 100).unwrap();
+        let bufs: Vec<AlignedBuf> = (0..100).map(|_| a.alloc(4096).unwrap()).collect();
+        for w in bufs.windows(2) {
+            assert_eq!(w[1].as_ptr() as usize - w[0].as_ptr() as usize, 4096, "adjacent");
+        }
+        assert!(a.alloc(4096).is_none(), "exhausted");
+        assert!(a.alloc(8192).is_none(), "larger than a slot");
+        let keep: Vec<AlignedBuf> = bufs.into_iter().enumerate().filter(|(i, _)| i % 2 == 0).map(|(_, b)| b).collect();
+        assert_eq!(a.free_slots(), 50);
+        let again: Vec<AlignedBuf> = (0..50).map(|_| a.alloc(512).unwrap()).collect();
+        assert_eq!(a.free_slots(), 0);
+        drop((keep, again));
+        assert_eq!(a.free_slots(), 100);
     }
 }
