@@ -129,7 +129,7 @@ struct Slots {
 impl Slots {
     fn new(n: usize) -> Slots {
         let mut free = vec![!0u64; n.div_ceil(64)];
-        if n % 64 != 0 {
+        if !n.is_multiple_of(64) {
             *free.last_mut().expect("n > 0") = (1u64 << (n % 64)) - 1;
         }
         Slots { free, count: n, cursor: 0 }
