@@ -346,3 +346,169 @@ pub fn replay(dev: &dyn Device, sb: &Superblock, scan: &Scan) -> Result<usize> {
     }
     Ok(n)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::mem::MemDevice;
+    use crate::device::sim::{crash_image, SimConfig, SimDevice};
+
+    const TOTAL: u64 = 1024;
+
+    fn setup() -> (MemDevice, Superblock) {
+        let sb = Superblock::layout(TOTAL, 64, 32, [1; 16], 0).unwrap();
+        let dev = MemDevice::new(TOTAL * BLOCK);
+        write_header(&dev, sb.journal_start, 100).unwrap();
+        (dev, sb)
+    }
+
+    fn image(byte: u8) -> AlignedBuf {
+        AlignedBuf::from_slice(&[byte; BLOCK_SIZE])
+    }
+
+    fn tx(images: &[(u64, u8)], revokes: &[u64]) -> Transaction {
+        Transaction {
+            images: images.iter().map(|(b, v)| (*b, image(*v))).collect(),
+            revokes: revokes.to_vec(),
+            extra: Vec::new(),
+        }
+    }
+
+    fn home(dev: &dyn Device, b: u64) -> u8 {
+        let (buf, r) = dev.read(b * BLOCK, AlignedBuf::new(BLOCK_SIZE));
+        r.unwrap();
+        buf[0]
+    }
+
+    #[test]
+    fn committed_transactions_replay_in_order() {
+        let (dev, sb) = setup();
+        let data = sb.data_start;
+        let mut j = Journal::new(&sb, 100);
+        j.commit(&dev, tx(&[(data, 1), (data + 1, 2)], &[])).unwrap();
+        j.commit(&dev, tx(&[(data, 3)], &[])).unwrap();
+        let scan = scan(&dev, &sb).unwrap();
+        assert_eq!(scan.transactions.len(), 2);
+        assert_eq!(scan.next_seq(), 102);
+        assert_eq!(replay(&dev, &sb, &scan).unwrap(), 2);
+        assert_eq!((home(&dev, data), home(&dev, data + 1)), (3, 2), "newest image wins");
+        // The header moved past them: a second scan finds nothing to replay.
+        assert!(super::scan(&dev, &sb).unwrap().transactions.is_empty());
+    }
+
+    #[test]
+    fn revoke_prevents_replay_of_older_images() {
+        let (dev, sb) = setup();
+        let b = sb.data_start + 5;
+        let mut j = Journal::new(&sb, 100);
+        j.commit(&dev, tx(&[(b, 7)], &[])).unwrap();
+        j.commit(&dev, tx(&[], &[b])).unwrap();
+        // The block now holds file data, written in place (not journaled).
+        dev.write(b * BLOCK, image(42)).1.unwrap();
+        replay(&dev, &sb, &scan(&dev, &sb).unwrap()).unwrap();
+        assert_eq!(home(&dev, b), 42, "the revoked metadata image must not clobber the data");
+        // Logged again after the revoke: that later image does replay.
+        let (dev, sb) = setup();
+        let mut j = Journal::new(&sb, 100);
+        j.commit(&dev, tx(&[(b, 7)], &[])).unwrap();
+        j.commit(&dev, tx(&[], &[b])).unwrap();
+        j.commit(&dev, tx(&[(b, 9)], &[])).unwrap();
+        replay(&dev, &sb, &scan(&dev, &sb).unwrap()).unwrap();
+        assert_eq!(home(&dev, b), 9);
+    }
+
+    #[test]
+    fn torn_or_missing_commit_block_ends_the_log() {
+        let sim = SimDevice::new(vec![0; (TOTAL * BLOCK) as usize], SimConfig::default());
+        let sb = Superblock::layout(TOTAL, 64, 32, [1; 16], 0).unwrap();
+        write_header(&sim, sb.journal_start, 100).unwrap();
+        let base = sim.start_recording();
+        let mut j = Journal::new(&sb, 100);
+        j.commit(&sim, tx(&[(sb.data_start, 1)], &[])).unwrap();
+        j.commit(&sim, tx(&[(sb.data_start, 2), (sb.data_start + 1, 2)], &[])).unwrap();
+        let log = sim.log();
+        // Every crash point: the scan finds a prefix of whole transactions, never part
+        // of one, and never fails.
+        for k in 0..=log.len() {
+            for seed in 0..8 {
+                let dev = MemDevice::from_vec(crash_image(&base, &log, k, seed));
+                let s = scan(&dev, &sb).unwrap();
+                assert!(s.transactions.len() <= 2);
+                for (i, t) in s.transactions.iter().enumerate() {
+                    assert_eq!(t.images.len(), i + 1, "point {k} seed {seed}: transaction {i} whole");
+                }
+                if k == log.len() {
+                    assert_eq!(s.transactions.len(), 2, "both committed");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn checksum_mismatch_stops_replay() {
+        let (dev, sb) = setup();
+        let mut j = Journal::new(&sb, 100);
+        j.commit(&dev, tx(&[(sb.data_start, 1)], &[])).unwrap();
+        j.commit(&dev, tx(&[(sb.data_start, 2)], &[])).unwrap();
+        // Corrupt the image block of the second transaction (log blocks: d, i, c, d, i, c).
+        let at = (sb.journal_start + 1 + 4) * BLOCK;
+        dev.write(at, image(0xee)).1.unwrap();
+        let s = scan(&dev, &sb).unwrap();
+        assert_eq!(s.transactions.len(), 1);
+        replay(&dev, &sb, &s).unwrap();
+        assert_eq!(home(&dev, sb.data_start), 1);
+    }
+
+    #[test]
+    fn replay_is_idempotent() {
+        let (dev, sb) = setup();
+        let mut j = Journal::new(&sb, 100);
+        for v in 1..=5u8 {
+            j.commit(&dev, tx(&[(sb.data_start + v as u64 % 3, v)], &[])).unwrap();
+        }
+        let s = scan(&dev, &sb).unwrap();
+        let planned = plan(&s);
+        // Replay writes the same images however often it is interrupted and redone.
+        for _ in 0..3 {
+            for (b, img) in &planned {
+                dev.write(b * BLOCK, AlignedBuf::from_slice(img)).1.unwrap();
+            }
+        }
+        let once: Vec<u8> = (0..3).map(|i| home(&dev, sb.data_start + i)).collect();
+        replay(&dev, &sb, &s).unwrap();
+        let twice: Vec<u8> = (0..3).map(|i| home(&dev, sb.data_start + i)).collect();
+        assert_eq!(once, twice);
+        assert_eq!(twice, vec![3, 4, 5]);
+    }
+
+    #[test]
+    fn stale_log_of_an_earlier_generation_is_ignored() {
+        let (dev, sb) = setup();
+        let mut j = Journal::new(&sb, 100);
+        j.commit(&dev, tx(&[(sb.data_start, 1)], &[])).unwrap();
+        j.commit(&dev, tx(&[(sb.data_start + 1, 1)], &[])).unwrap();
+        // Checkpoint empties the log; the old transactions stay in its blocks.
+        j.checkpoint(&dev).unwrap();
+        assert!(scan(&dev, &sb).unwrap().transactions.is_empty());
+        // A new, shorter transaction at the start of the log; the old second one after
+        // it has an older sequence number and must not be taken as the next.
+        j.commit(&dev, tx(&[(sb.data_start + 2, 9)], &[])).unwrap();
+        assert_eq!(scan(&dev, &sb).unwrap().transactions.len(), 1);
+    }
+
+    #[test]
+    fn full_log_checkpoints_before_the_next_commit() {
+        let (dev, sb) = setup();
+        let mut j = Journal::new(&sb, 100);
+        for i in 0..40u64 {
+            j.commit(&dev, tx(&[(sb.data_start + i % 7, i as u8)], &[])).unwrap();
+        }
+        assert!(j.stats.checkpoints > 0);
+        replay(&dev, &sb, &scan(&dev, &sb).unwrap()).unwrap();
+        for i in 33..40u64 {
+            assert_eq!(home(&dev, sb.data_start + i % 7), i as u8);
+        }
+        let too_big: Vec<(u64, u8)> = (0..40).map(|i| (sb.data_start + i, 1)).collect();
+        assert_eq!(j.commit(&dev, tx(&too_big, &[])).unwrap_err().kind(), crate::ErrorKind::NoSpace);
+    }
+}
