@@ -237,11 +237,6 @@ impl PageCache {
         pages.map(|page| m.pages.get(&page.key).is_some_and(|p| Arc::ptr_eq(p, page))).collect()
     }
 
-    /// Whether this very page (not just its key) is still in the cache.
-    pub fn holds(&self, page: &Arc<Page>) -> bool {
-        self.map.lock().pages.get(&page.key).is_some_and(|p| Arc::ptr_eq(p, page))
-    }
-
     pub fn mark_dirty(&self, key: Key) {
         self.map.lock().dirty.insert(key);
     }

@@ -112,10 +112,6 @@ fn crc_skip(b: &[u8], at: usize, seed: u32) -> u32 {
     crc32c::crc32c_append(c, &b[at + 4..])
 }
 
-pub fn crc(data: &[u8]) -> u32 {
-    crc32c::crc32c(data)
-}
-
 // ---------------------------------------------------------------- superblock
 
 #[derive(Debug, Clone, PartialEq, Eq)]

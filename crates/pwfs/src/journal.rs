@@ -92,11 +92,6 @@ impl Journal {
         self.next_seq
     }
 
-    /// The committed image of `block` that is not yet home, if any.
-    pub fn pending_image(&self, block: u64) -> Option<&Arc<AlignedBuf>> {
-        self.pending.get(&block)
-    }
-
     pub fn pending_blocks(&self) -> usize {
         self.pending.len()
     }

@@ -114,6 +114,80 @@ impl UringDevice {
         })
     }
 
+    /// The engine: ops from `next` go on the ring as room allows; `next` is asked for
+    /// more only while the ring has room and everything so far is submitted, and runs
+    /// outside the ring's borrow (it may do I/O of its own, on the other ring).
+    fn run(&self, stream: bool, next: &mut dyn FnMut() -> Option<Vec<Op>>) -> Vec<Done> {
+        let mut ops: Vec<Op> = Vec::new();
+        let mut results: Vec<Option<Result<(), DevError>>> = Vec::new();
+        // Heap storage of each op's iovecs stays put while `iovs` grows.
+        let mut iovs: Vec<Vec<libc::iovec>> = Vec::new();
+        let (mut pushed, mut in_flight, mut exhausted) = (0usize, 0u32, false);
+        loop {
+            // Ask for more work only when everything so far is on the device and there
+            // is room; the producer runs (and may do I/O of its own) outside the ring.
+            if !exhausted && pushed == ops.len() && in_flight < self.depth {
+                match next() {
+                    Some(batch) => {
+                        for op in batch {
+                            results.push(validate(&op, self.len).err().map(Err));
+                            iovs.push(Vec::new());
+                            ops.push(op);
+                        }
+                    }
+                    None => exhausted = true,
+                }
+            }
+            let finished = self.with_ring_of(stream, |r| {
+                while pushed < ops.len() && in_flight < self.depth {
+                    if results[pushed].is_none() {
+                        let e = self
+                            .entry(&mut ops[pushed], &mut iovs[pushed], r.fixed, r.vec_fixed)
+                            .user_data(pushed as u64);
+                        // SAFETY: buffers and iovecs stay alive and unmoved until the
+                        // completion for this entry is reaped.
+                        if unsafe { r.ring.submission().push(&e) }.is_err() {
+                            break;
+                        }
+                        in_flight += 1;
+                    }
+                    pushed += 1;
+                }
+                if in_flight == 0 {
+                    return exhausted && pushed == ops.len();
+                }
+                // Start the I/O; wait for a completion only if there is nothing else
+                // to do (no more work to ask for, or no room for it).
+                let more = !exhausted && pushed == ops.len() && in_flight < self.depth;
+                loop {
+                    match r.ring.submit_and_wait(if more { 0 } else { 1 }) {
+                        Ok(_) => break,
+                        Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) => {
+                            continue
+                        }
+                        // The ring itself is broken: nothing here can recover the I/O in flight.
+                        Err(e) => panic!("io_uring_enter failed: {e}"),
+                    }
+                }
+                for cqe in r.ring.completion() {
+                    let i = cqe.user_data() as usize;
+                    let res = cqe.result();
+                    results[i] =
+                        Some(if res < 0 { Err(DevError::Io(-res)) } else { complete(res as i64, ops[i].len()) });
+                    in_flight -= 1;
+                }
+                false
+            });
+            if finished {
+                break;
+            }
+        }
+        ops.into_iter()
+            .zip(results)
+            .map(|(op, r)| Done { bufs: op.bufs, result: r.expect("every op completed") })
+            .collect()
+    }
+
     fn entry(&self, op: &mut Op, iovs: &mut Vec<libc::iovec>, fixed: bool, vec_fixed: bool) -> io_uring::squeue::Entry {
         let fd = types::Fd(self.file.as_raw_fd());
         if op.bufs.len() == 1 {
@@ -153,122 +227,13 @@ impl Device for UringDevice {
         self.arena.alloc(len).unwrap_or_else(|| AlignedBuf::new(len))
     }
 
-    fn submit(&self, mut ops: Vec<Op>) -> Vec<Done> {
-        let n = ops.len();
-        let mut results: Vec<Option<Result<(), DevError>>> = vec![None; n];
-        let mut iovs: Vec<Vec<libc::iovec>> = (0..n).map(|_| Vec::new()).collect();
-        for (i, op) in ops.iter().enumerate() {
-            if let Err(e) = validate(op, self.len) {
-                results[i] = Some(Err(e));
-            }
-        }
-        self.with_ring(|r| {
-            let mut next = 0;
-            let mut in_flight = 0u32;
-            loop {
-                while next < n && in_flight < self.depth {
-                    if results[next].is_none() {
-                        let e =
-                            self.entry(&mut ops[next], &mut iovs[next], r.fixed, r.vec_fixed).user_data(next as u64);
-                        // SAFETY: buffers and iovecs stay alive and unmoved until the
-                        // completion for this entry is reaped below.
-                        if unsafe { r.ring.submission().push(&e) }.is_err() {
-                            break;
-                        }
-                        in_flight += 1;
-                    }
-                    next += 1;
-                }
-                if in_flight == 0 {
-                    break;
-                }
-                if let Err(e) = r.ring.submit_and_wait(1) {
-                    if e.raw_os_error() == Some(libc::EINTR) {
-                        continue;
-                    }
-                    panic!("io_uring_enter failed: {e}");
-                }
-                for cqe in r.ring.completion() {
-                    let i = cqe.user_data() as usize;
-                    let res = cqe.result();
-                    results[i] =
-                        Some(if res < 0 { Err(DevError::Io(-res)) } else { complete(res as i64, ops[i].len()) });
-                    in_flight -= 1;
-                }
-            }
-        });
-        ops.into_iter()
-            .zip(results)
-            .map(|(op, r)| Done { bufs: op.bufs, result: r.expect("every op completed") })
-            .collect()
+    fn submit(&self, ops: Vec<Op>) -> Vec<Done> {
+        let mut once = Some(ops);
+        self.run(false, &mut || once.take())
     }
 
     fn submit_stream(&self, next: &mut dyn FnMut() -> Option<Vec<Op>>) -> Vec<Done> {
-        let mut ops: Vec<Op> = Vec::new();
-        let mut results: Vec<Option<Result<(), DevError>>> = Vec::new();
-        // Heap storage of each op's iovecs stays put while `iovs` grows.
-        let mut iovs: Vec<Vec<libc::iovec>> = Vec::new();
-        let (mut pushed, mut in_flight, mut exhausted) = (0usize, 0u32, false);
-        loop {
-            // Ask for more work only when everything so far is on the device and there
-            // is room; the producer runs (and may do I/O of its own) outside the ring.
-            if !exhausted && pushed == ops.len() && in_flight < self.depth {
-                match next() {
-                    Some(batch) => {
-                        for op in batch {
-                            results.push(validate(&op, self.len).err().map(Err));
-                            iovs.push(Vec::new());
-                            ops.push(op);
-                        }
-                    }
-                    None => exhausted = true,
-                }
-            }
-            let finished = self.with_ring_of(true, |r| {
-                while pushed < ops.len() && in_flight < self.depth {
-                    if results[pushed].is_none() {
-                        let e = self
-                            .entry(&mut ops[pushed], &mut iovs[pushed], r.fixed, r.vec_fixed)
-                            .user_data(pushed as u64);
-                        // SAFETY: buffers and iovecs stay alive and unmoved until the
-                        // completion for this entry is reaped.
-                        if unsafe { r.ring.submission().push(&e) }.is_err() {
-                            break;
-                        }
-                        in_flight += 1;
-                    }
-                    pushed += 1;
-                }
-                if in_flight == 0 {
-                    return exhausted && pushed == ops.len();
-                }
-                // Start the I/O; wait for a completion only if there is nothing else
-                // to do (no more work to ask for, or no room for it).
-                let more = !exhausted && pushed == ops.len() && in_flight < self.depth;
-                loop {
-                    match r.ring.submit_and_wait(if more { 0 } else { 1 }) {
-                        Ok(_) => break,
-                        Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-                        Err(e) => panic!("io_uring_enter failed: {e}"),
-                    }
-                }
-                for cqe in r.ring.completion() {
-                    let i = cqe.user_data() as usize;
-                    let res = cqe.result();
-                    results[i] =
-                        Some(if res < 0 { Err(DevError::Io(-res)) } else { complete(res as i64, ops[i].len()) });
-                    in_flight -= 1;
-                }
-                false
-            });
-            if finished {
-                break;
-            }
-        }
-        ops.into_iter()
-            .zip(results)
-            .map(|(op, r)| Done { bufs: op.bufs, result: r.expect("every op completed") })
-            .collect()
+        self.run(true, next)
     }
 
     fn flush(&self) -> Result<(), DevError> {
