@@ -5,6 +5,8 @@ use pwfs::{Config, MkfsOptions};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod mount;
+
 #[derive(Parser)]
 #[command(name = "pwfs", version, about = "Patchwork: a user-space file system and I/O stack")]
 struct Cli {
@@ -31,6 +33,30 @@ enum Cmd {
     Fsck { image: PathBuf },
     /// Print the superblock and usage of an image.
     Info { image: PathBuf },
+    /// Mount an image with FUSE (created if missing) and serve it until Ctrl-C,
+    /// SIGTERM or `pwfs umount`; then flush everything and empty the journal.
+    Mount {
+        /// Image file or block device.
+        #[arg(default_value = DEFAULT_IMAGE)]
+        image: PathBuf,
+        /// Where to mount it (created if missing).
+        #[arg(default_value = DEFAULT_MOUNTPOINT)]
+        mountpoint: PathBuf,
+        /// Size of the image if it has to be created.
+        #[arg(long, value_parser = parse_size, default_value = "1G")]
+        size: u64,
+        /// Bytes of file data Patchwork caches.
+        #[arg(long, value_parser = parse_size, default_value = "256M")]
+        cache: u64,
+        /// Detach from the terminal once mounted.
+        #[arg(long)]
+        daemon: bool,
+        /// Let other users than the mounting one use the file system.
+        #[arg(long)]
+        allow_other: bool,
+    },
+    /// Unmount a pwfs mount point (the serving process then flushes and exits).
+    Umount { mountpoint: PathBuf },
     /// Run a named benchmark (Patchwork against the kernel, side by side).
     Bench {
         #[arg(value_enum)]
@@ -49,6 +75,11 @@ enum Cmd {
         json: Option<PathBuf>,
     },
 }
+
+/// The default image: in the current directory, created at 1 GiB when missing.
+const DEFAULT_IMAGE: &str = "pwfs.img";
+/// The default mount point.
+const DEFAULT_MOUNTPOINT: &str = "/mnt/pwfs";
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Workload {
@@ -105,8 +136,9 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Fsck { image } => {
-            let dev = pwfs::open_device(&image, &Config { cache_bytes: 1 << 20, ..Default::default() })
-                .map_err(|e| e.to_string())?;
+            let dev =
+                pwfs::open_device(&image, &Config { cache_bytes: 1 << 20, read_only: true, ..Default::default() })
+                    .map_err(|e| e.to_string())?;
             let r = pwfs::fsck::check(&*dev).map_err(|e| format!("{}: {e}", image.display()))?;
             for n in &r.notes {
                 println!("note: {n}");
@@ -156,6 +188,13 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
                 st.inodes - st.inodes_free,
                 st.inodes
             );
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Mount { image, mountpoint, size, cache, daemon, allow_other } => {
+            mount::run(&image, &mountpoint, size, cache, daemon, allow_other)
+        }
+        Cmd::Umount { mountpoint } => {
+            mount::umount(&mountpoint)?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Bench { workload: Workload::Basic, quick, smoke, dir, json } => {

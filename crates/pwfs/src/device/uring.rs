@@ -53,11 +53,22 @@ pub struct UringOptions {
     pub queue_depth: u32,
     /// Open with O_DIRECT (bypass the kernel page cache).
     pub direct: bool,
+    /// Advisory lock on the image (flock), taken without waiting.
+    pub lock: Lock,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lock {
+    None,
+    /// Readers (fsck, info): refused while a writer holds the image.
+    Shared,
+    /// A mount or mkfs: refused while anyone else holds the image.
+    Exclusive,
 }
 
 impl Default for UringOptions {
     fn default() -> Self {
-        UringOptions { arena_bytes: 64 << 20, queue_depth: 64, direct: true }
+        UringOptions { arena_bytes: 64 << 20, queue_depth: 64, direct: true, lock: Lock::None }
     }
 }
 
@@ -69,6 +80,24 @@ impl UringDevice {
             o.custom_flags(libc::O_DIRECT);
         }
         let mut file = o.open(path)?;
+        let how = match opts.lock {
+            Lock::None => None,
+            Lock::Shared => Some(libc::LOCK_SH),
+            Lock::Exclusive => Some(libc::LOCK_EX),
+        };
+        if let Some(how) = how {
+            // SAFETY: plain syscall on an fd we own; the lock lives as long as the file.
+            if unsafe { libc::flock(file.as_raw_fd(), how | libc::LOCK_NB) } != 0 {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::WouldBlock,
+                        "the image is in use by another pwfs process (mounted, or being checked)",
+                    ));
+                }
+                return Err(e);
+            }
+        }
         let len = file.seek(SeekFrom::End(0))?;
         UringDevice::from_file(file, len, opts)
     }

@@ -49,7 +49,8 @@ pub(crate) fn attr(ino: u64, node: &super::meta::Inode) -> Metadata {
         gid: d.gid,
         nlink: d.nlink,
         size: d.size,
-        blocks: (node.data_blocks() + node.chain.len() as u64) * (BLOCK / 512),
+        // Blocks written but not yet allocated (delayed allocation) count, as on ext4.
+        blocks: (node.data_blocks() + node.chain.len() as u64 + node.reserved.len() as u64) * (BLOCK / 512),
         atime: d.atime,
         mtime: d.mtime,
         ctime: d.ctime,

@@ -1,0 +1,168 @@
+//! `pwfs mount` and `pwfs umount`.
+
+use pwfs::{Config, MkfsOptions};
+use std::ffi::CString;
+use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::io::FromRawFd;
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::mpsc;
+
+enum Event {
+    Signal,
+    Unmounted(std::io::Result<()>),
+}
+
+/// Block SIGINT/SIGTERM/SIGHUP in this thread and every thread it starts later; a
+/// dedicated thread takes them with sigwait.
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: plain signal-mask calls on a zeroed, initialised set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, s);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+/// Fork; the parent waits until the child reports the mount and exits with its
+/// status. Returns the pipe the child reports on.
+fn daemonize() -> Result<std::fs::File, String> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe/fork/setsid before any thread exists (called first thing).
+    unsafe {
+        if libc::pipe(fds.as_mut_ptr()) != 0 {
+            return Err(format!("pipe: {}", std::io::Error::last_os_error()));
+        }
+        match libc::fork() {
+            -1 => Err(format!("fork: {}", std::io::Error::last_os_error())),
+            0 => {
+                libc::close(fds[0]);
+                libc::setsid();
+                Ok(std::fs::File::from_raw_fd(fds[1]))
+            }
+            _ => {
+                libc::close(fds[1]);
+                let mut r = std::fs::File::from_raw_fd(fds[0]);
+                let mut msg = String::new();
+                let _ = r.read_to_string(&mut msg);
+                if let Some(out) = msg.strip_prefix("ok") {
+                    print!("{out}");
+                    std::process::exit(0);
+                }
+                eprint!("{msg}");
+                std::process::exit(2);
+            }
+        }
+    }
+}
+
+pub fn run(
+    image: &Path,
+    mountpoint: &Path,
+    size: u64,
+    cache: u64,
+    daemon: bool,
+    allow_other: bool,
+) -> Result<ExitCode, String> {
+    let mut report = if daemon { Some(daemonize()?) } else { None };
+    let result = serve(image, mountpoint, size, cache, allow_other, &mut report);
+    if let (Err(e), Some(p)) = (&result, report.as_mut()) {
+        // The waiting parent prints it and exits non-zero.
+        let _ = writeln!(p, "pwfs: {e}");
+        std::process::exit(2);
+    }
+    result
+}
+
+fn serve(
+    image: &Path,
+    mountpoint: &Path,
+    size: u64,
+    cache: u64,
+    allow_other: bool,
+    report: &mut Option<std::fs::File>,
+) -> Result<ExitCode, String> {
+    let set = block_signals();
+    let mut out = String::new();
+    if !image.exists() {
+        let sb = pwfs::mkfs_image(image, size, &MkfsOptions::default()).map_err(|e| e.to_string())?;
+        out += &format!("created {} ({} MiB)\n", image.display(), (sb.total_blocks * 4096) >> 20);
+    }
+    std::fs::create_dir_all(mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+    let config = Config { cache_bytes: cache, ..Default::default() };
+    let fs = pwfs::mount_image(image, config).map_err(|e| format!("{}: {e}", image.display()))?;
+    let mounted = pwfs_fuse::mount(fs.clone(), mountpoint, allow_other)
+        .map_err(|e| format!("mount at {}: {e}", mountpoint.display()))?;
+    out += &format!(
+        "pwfs: {} mounted at {}; Ctrl-C, SIGTERM or `pwfs umount {}` unmounts\n",
+        image.display(),
+        mountpoint.display(),
+        mountpoint.display()
+    );
+    match report.take() {
+        Some(mut p) => {
+            let _ = write!(p, "ok{out}");
+            // SAFETY: detach stdio from the terminal; /dev/null stands in.
+            unsafe {
+                let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+                for fd in 0..3 {
+                    libc::dup2(null, fd);
+                }
+            }
+        }
+        None => print!("{out}"),
+    }
+    let (tx, rx) = mpsc::channel();
+    let tx2 = tx.clone();
+    std::thread::spawn(move || {
+        let _ = tx2.send(Event::Unmounted(mounted.join()));
+    });
+    std::thread::spawn(move || loop {
+        let mut sig = 0;
+        // SAFETY: waits for one of the signals blocked above.
+        if unsafe { libc::sigwait(&set, &mut sig) } == 0 && tx.send(Event::Signal).is_err() {
+            return;
+        }
+    });
+    let mut served = Ok(());
+    loop {
+        match rx.recv() {
+            Ok(Event::Signal) => {
+                if let Err(e) = umount(mountpoint) {
+                    eprintln!("pwfs: {e}; retrying when the next signal arrives");
+                }
+            }
+            Ok(Event::Unmounted(r)) => {
+                served = r;
+                break;
+            }
+            Err(_) => break,
+        }
+    }
+    served.map_err(|e| format!("serving {}: {e}", mountpoint.display()))?;
+    fs.unmount().map_err(|e| format!("flushing {} at unmount: {e}", image.display()))?;
+    eprintln!("pwfs: {} unmounted; data flushed, journal empty", mountpoint.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Unmount a FUSE mount point (root: umount2; otherwise fusermount3 -u).
+pub fn umount(mountpoint: &Path) -> Result<(), String> {
+    let c = CString::new(mountpoint.as_os_str().as_bytes()).map_err(|_| "mount point contains NUL".to_string())?;
+    // SAFETY: plain syscall with a valid C string.
+    if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EPERM) {
+        let st = std::process::Command::new("fusermount3").arg("-u").arg(mountpoint).status();
+        if st.is_ok_and(|s| s.success()) {
+            return Ok(());
+        }
+    }
+    Err(format!("cannot unmount {}: {e}", mountpoint.display()))
+}

@@ -1,0 +1,413 @@
+//! pwfs-fuse: Patchwork as a FUSE file system, for unmodified programs.
+//!
+//! Interface: [`mount`] serves a mounted [`pwfs::Fs`] at a mount point until it is
+//! unmounted (or [`Mounted::unmount`] is called). Built on the public API of `pwfs`
+//! only. Data files are opened with `FOPEN_DIRECT_IO` (the kernel neither caches nor
+//! reads before writing: Patchwork's own cache sees every write) with parallel direct
+//! writes, and `FUSE_DIRECT_IO_ALLOW_MMAP` keeps mmap working. Permissions are checked
+//! by the kernel (`default_permissions`). Every engine errno reaches the program
+//! unchanged.
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
+    MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
+    ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+};
+use pwfs::format::Timespec;
+use pwfs::{Fs, Metadata, SetAttr, TimeSet};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// How long the kernel may cache attributes and names. Every change goes through us,
+/// so the kernel's copies are only stale after changes it has itself made and seen.
+const TTL: Duration = Duration::from_secs(1);
+/// Largest write the kernel sends in one request.
+const MAX_WRITE: u32 = 1 << 20;
+
+struct PwFuse {
+    fs: Fs,
+}
+
+fn errno(e: pwfs::Error) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+fn time(t: Timespec) -> SystemTime {
+    if t.sec >= 0 {
+        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
+    } else {
+        UNIX_EPOCH - Duration::new((-t.sec) as u64, 0) + Duration::from_nanos(t.nsec as u64)
+    }
+}
+
+fn timespec(t: SystemTime) -> Timespec {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => Timespec { sec: d.as_secs() as i64, nsec: d.subsec_nanos() },
+        Err(e) => {
+            let d = e.duration();
+            let (mut sec, mut nsec) = (-(d.as_secs() as i64), d.subsec_nanos());
+            if nsec > 0 {
+                sec -= 1;
+                nsec = 1_000_000_000 - nsec;
+            }
+            Timespec { sec, nsec }
+        }
+    }
+}
+
+fn kind(k: pwfs::FileType) -> FileType {
+    match k {
+        pwfs::FileType::File => FileType::RegularFile,
+        pwfs::FileType::Directory => FileType::Directory,
+        pwfs::FileType::Symlink => FileType::Symlink,
+        pwfs::FileType::Fifo => FileType::NamedPipe,
+        pwfs::FileType::CharDevice => FileType::CharDevice,
+        pwfs::FileType::BlockDevice => FileType::BlockDevice,
+        pwfs::FileType::Socket => FileType::Socket,
+    }
+}
+
+fn attr(m: &Metadata) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(m.ino),
+        size: m.size,
+        blocks: m.blocks,
+        atime: time(m.atime),
+        mtime: time(m.mtime),
+        ctime: time(m.ctime),
+        crtime: time(m.ctime),
+        kind: kind(m.kind),
+        perm: (m.mode & 0o7777) as u16,
+        nlink: m.nlink,
+        uid: m.uid,
+        gid: m.gid,
+        rdev: m.rdev,
+        blksize: m.blksize,
+        flags: 0,
+    }
+}
+
+fn entry(reply: ReplyEntry, r: pwfs::Result<Metadata>) {
+    match r {
+        Ok(m) => reply.entry(&TTL, &attr(&m), Generation(m.generation as u64)),
+        Err(e) => reply.error(errno(e)),
+    }
+}
+
+fn empty(reply: ReplyEmpty, r: pwfs::Result<()>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(e)),
+    }
+}
+
+fn time_set(t: TimeOrNow) -> TimeSet {
+    match t {
+        TimeOrNow::Now => TimeSet::Now,
+        TimeOrNow::SpecificTime(t) => TimeSet::At(timespec(t)),
+    }
+}
+
+/// Open flags for data files: Patchwork's cache is the only cache.
+fn data_open_flags() -> FopenFlags {
+    FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+}
+
+impl Filesystem for PwFuse {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(MAX_WRITE);
+        let _ = config.add_capabilities(
+            InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
+                | InitFlags::FUSE_PARALLEL_DIROPS
+                | InitFlags::FUSE_ASYNC_DIO
+                | InitFlags::FUSE_BIG_WRITES
+                | InitFlags::FUSE_ATOMIC_O_TRUNC,
+        );
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        // Unmount: everything durable, the journal empty.
+        if let Err(e) = self.fs.sync() {
+            eprintln!("pwfs: sync at unmount failed: {e}");
+        }
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        entry(reply, self.fs.lookup(parent.0, name.as_bytes()))
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.fs.getattr(ino.0) {
+            Ok(m) => reply.attr(&TTL, &attr(&m)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(time_set),
+            mtime: mtime.map(time_set),
+            ctime: ctime.map(timespec),
+        };
+        match self.fs.setattr(ino.0, &set) {
+            Ok(m) => reply.attr(&TTL, &attr(&m)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.fs.readlink(ino.0) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
+        entry(reply, self.fs.mknod(parent.0, name.as_bytes(), mode & !umask, rdev, req.uid(), req.gid()))
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        entry(reply, self.fs.mkdir(parent.0, name.as_bytes(), mode & !umask, req.uid(), req.gid()))
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, self.fs.unlink(parent.0, name.as_bytes()))
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, self.fs.rmdir(parent.0, name.as_bytes()))
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        entry(
+            reply,
+            self.fs.symlink(parent.0, link_name.as_bytes(), target.as_os_str().as_bytes(), req.uid(), req.gid()),
+        )
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        if flags.contains(RenameFlags::RENAME_EXCHANGE) || !(flags - RenameFlags::RENAME_NOREPLACE).is_empty() {
+            return reply.error(Errno::EINVAL);
+        }
+        let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
+        empty(reply, self.fs.rename(parent.0, name.as_bytes(), newparent.0, newname.as_bytes(), noreplace))
+    }
+
+    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        entry(reply, self.fs.link(ino.0, newparent.0, newname.as_bytes()))
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.open_ino(ino.0) {
+            Ok(_) => reply.opened(FileHandle(0), data_open_flags()),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: ReplyData,
+    ) {
+        let mut buf = vec![0u8; size as usize];
+        match self.fs.read(ino.0, offset, &mut buf) {
+            Ok(n) => reply.data(&buf[..n]),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        // O_APPEND is resolved by the kernel into the offset it sends.
+        match self.fs.write(ino.0, offset, data, false) {
+            Ok(_) => reply.written(data.len() as u32),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: fuser::LockOwner, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.release_ino(ino.0);
+        reply.ok();
+    }
+
+    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        empty(reply, self.fs.fsync(ino.0, datasync))
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.getattr(ino.0) {
+            Ok(m) if m.is_dir() => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Ok(_) => reply.error(Errno::ENOTDIR),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        match self.fs.readdir(ino.0, offset, 512) {
+            Ok(entries) => {
+                for e in entries {
+                    if reply.add(INodeNo(e.ino), e.next, kind(e.kind), OsStr::from_bytes(&e.name)) {
+                        break;
+                    }
+                }
+                reply.ok();
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        empty(reply, self.fs.fsync(ino.0, datasync))
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let s = self.fs.statfs();
+        reply.statfs(
+            s.blocks,
+            s.blocks_free,
+            s.blocks_available,
+            s.inodes,
+            s.inodes_free,
+            s.block_size,
+            s.name_max,
+            s.block_size,
+        );
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let made = self
+            .fs
+            .mknod(parent.0, name.as_bytes(), mode & !umask, 0, req.uid(), req.gid())
+            .and_then(|m| self.fs.open_ino(m.ino));
+        match made {
+            Ok(m) => reply.created(&TTL, &attr(&m), Generation(m.generation as u64), FileHandle(0), data_open_flags()),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+}
+
+/// Mount options: `default_permissions` (the kernel checks permissions), and
+/// `allow_other` only when asked for.
+pub fn options(allow_other: bool, threads: usize) -> fuser::Config {
+    let mut config = fuser::Config::default();
+    config.mount_options =
+        vec![MountOption::FSName("pwfs".into()), MountOption::Subtype("pwfs".into()), MountOption::DefaultPermissions];
+    if allow_other {
+        config.acl = fuser::SessionACL::All;
+    }
+    config.n_threads = Some(threads.max(1));
+    config.clone_fd = true;
+    config
+}
+
+/// A file system being served in the background.
+pub struct Mounted {
+    session: fuser::BackgroundSession,
+    mountpoint: std::path::PathBuf,
+}
+
+impl Mounted {
+    /// Unmount and wait for the serving threads (the engine syncs at unmount). The
+    /// kernel finishes releasing files asynchronously after their last close, so a
+    /// busy mount point is retried for a while before giving up.
+    pub fn unmount(self) -> std::io::Result<()> {
+        let c = std::ffi::CString::new(self.mountpoint.as_os_str().as_bytes())?;
+        let mut tries = 0;
+        loop {
+            // SAFETY: plain syscall with a valid C string.
+            if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
+                break;
+            }
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EBUSY) || tries == 50 {
+                return Err(e);
+            }
+            tries += 1;
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.session.join()
+    }
+
+    /// Wait until someone else unmounts the file system.
+    pub fn join(self) -> std::io::Result<()> {
+        self.session.join()
+    }
+}
+
+/// Serve `fs` at `mountpoint` on background threads.
+pub fn mount(fs: Fs, mountpoint: &Path, allow_other: bool) -> std::io::Result<Mounted> {
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).max(2) * 2;
+    let session = fuser::spawn_mount(PwFuse { fs }, mountpoint, &options(allow_other, threads))?;
+    Ok(Mounted { session, mountpoint: mountpoint.to_path_buf() })
+}

@@ -1,0 +1,114 @@
+//! The FUSE front end, driven through the kernel by ordinary system calls.
+//! Needs root and /dev/fuse (CI has both); elsewhere it says so and does nothing.
+
+use pwfs::device::mem::MemDevice;
+use pwfs::{Config, Fs, MkfsOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::sync::Arc;
+
+fn can_mount() -> bool {
+    // SAFETY: plain syscall.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !(root && std::path::Path::new("/dev/fuse").exists()) {
+        eprintln!("skipping: FUSE tests need root and /dev/fuse");
+        return false;
+    }
+    true
+}
+
+fn errno<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
+    r.expect_err("expected an error").raw_os_error().expect("an OS error")
+}
+
+#[test]
+fn posix_calls_through_the_kernel() {
+    if !can_mount() {
+        return;
+    }
+    let dev = Arc::new(MemDevice::new(128 << 20));
+    pwfs::mkfs(&*dev, &MkfsOptions::default()).unwrap();
+    let fs = Fs::mount(dev.clone(), Config { cache_bytes: 8 << 20, ..Default::default() }).unwrap();
+    let dir = std::env::temp_dir().join(format!("pwfs-fuse-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mounted = pwfs_fuse::mount(fs.clone(), &dir, false).unwrap();
+    let p = |s: &str| dir.join(s);
+
+    // Files: create, write, read back, append, truncate, sparse.
+    std::fs::write(p("a"), b"hello").unwrap();
+    assert_eq!(std::fs::read(p("a")).unwrap(), b"hello");
+    let mut f = std::fs::OpenOptions::new().append(true).open(p("a")).unwrap();
+    f.write_all(b" world").unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    assert_eq!(std::fs::read_to_string(p("a")).unwrap(), "hello world");
+    let mut f = std::fs::OpenOptions::new().read(true).write(true).open(p("a")).unwrap();
+    f.seek(SeekFrom::Start(100_000)).unwrap();
+    f.write_all(b"end").unwrap();
+    let mut all = Vec::new();
+    f.seek(SeekFrom::Start(0)).unwrap();
+    f.read_to_end(&mut all).unwrap();
+    assert_eq!(all.len(), 100_003);
+    assert!(all[11..100_000].iter().all(|b| *b == 0));
+    f.set_len(5).unwrap();
+    drop(f);
+    assert_eq!(std::fs::read(p("a")).unwrap(), b"hello");
+    let big: Vec<u8> = (0..3_000_000).map(|i| (i % 251) as u8).collect();
+    std::fs::write(p("big"), &big).unwrap();
+    assert_eq!(std::fs::read(p("big")).unwrap(), big);
+
+    // Names, with the engine's errno arriving unchanged.
+    std::fs::create_dir(p("d")).unwrap();
+    assert_eq!(errno(std::fs::create_dir(p("d"))), libc::EEXIST);
+    std::fs::write(p("d/x"), b"x").unwrap();
+    assert_eq!(errno(std::fs::remove_dir(p("d"))), libc::ENOTEMPTY);
+    assert_eq!(errno(std::fs::read(p("nope"))), libc::ENOENT);
+    assert_eq!(errno(std::fs::remove_file(p("d"))), libc::EISDIR);
+    assert_eq!(errno(std::fs::rename(p("d"), p("d/x/y"))), libc::ENOTDIR);
+    assert_eq!(errno(std::fs::write(p(&"n".repeat(256)), b"")), libc::ENAMETOOLONG);
+    std::fs::rename(p("d/x"), p("y")).unwrap();
+    std::fs::hard_link(p("y"), p("z")).unwrap();
+    assert_eq!(std::fs::metadata(p("z")).unwrap().nlink(), 2);
+    std::os::unix::fs::symlink("y", p("s")).unwrap();
+    assert_eq!(std::fs::read_link(p("s")).unwrap(), std::path::Path::new("y"));
+    assert_eq!(std::fs::read(p("s")).unwrap(), b"x");
+    std::fs::set_permissions(p("y"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(std::fs::metadata(p("z")).unwrap().mode() & 0o777, 0o600);
+    let mut names: Vec<String> =
+        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, ["a", "big", "d", "s", "y", "z"]);
+    std::fs::remove_dir(p("d")).unwrap();
+
+    // mmap works on direct-I/O files (FUSE_DIRECT_IO_ALLOW_MMAP).
+    let f = std::fs::File::open(p("big")).unwrap();
+    // SAFETY: a read-only shared mapping of an open file, unmapped below.
+    unsafe {
+        use std::os::unix::io::AsRawFd;
+        let m = libc::mmap(std::ptr::null_mut(), 8192, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 4096);
+        assert_ne!(m, libc::MAP_FAILED, "mmap: {}", std::io::Error::last_os_error());
+        let s = std::slice::from_raw_parts(m as *const u8, 8192);
+        assert_eq!(s, &big[4096..12288]);
+        libc::munmap(m, 8192);
+    }
+    drop(f);
+
+    let st = nix_statvfs(&dir);
+    assert!(st > 0, "statfs reports free blocks");
+    mounted.unmount().unwrap();
+    fs.unmount().unwrap();
+    let r = pwfs::fsck::check(&*dev).unwrap();
+    assert!(r.is_clean(), "{:?}", r.errors);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn nix_statvfs(path: &std::path::Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: statvfs into a zeroed struct.
+    unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        assert_eq!(libc::statvfs(c.as_ptr(), &mut st), 0);
+        st.f_bavail
+    }
+}
