@@ -416,7 +416,8 @@ impl Fs {
             FileType::Symlink => return Err(Error::is_loop("O_NOFOLLOW on a symlink")),
             _ => {}
         }
-        if o.truncate && md.kind == FileType::File && md.size > 0 {
+        // POSIX: O_TRUNC updates mtime and ctime even on an empty file.
+        if o.truncate && md.kind == FileType::File {
             self.truncate(ino, 0)?;
         }
         Ok(file)
