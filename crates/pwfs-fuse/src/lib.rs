@@ -28,6 +28,44 @@ const MAX_WRITE: u32 = 1 << 20;
 
 struct PwFuse {
     fs: Fs,
+    /// The kernel's lookup count per inode. While it is not zero the inode holds an
+    /// engine handle (like an open file), so an unlinked inode is not freed and its
+    /// number not reused before the kernel forgets it: FUSE node ids must stay unique
+    /// until then.
+    lookups: std::sync::Mutex<std::collections::HashMap<u64, u64>>,
+}
+
+impl PwFuse {
+    /// Reply with an entry and count the kernel's new reference to it.
+    fn entry(&self, reply: ReplyEntry, r: pwfs::Result<Metadata>) {
+        match r {
+            Ok(m) => {
+                self.remember(m.ino);
+                reply.entry(&TTL, &attr(&m), Generation(m.generation as u64))
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn remember(&self, ino: u64) {
+        let mut l = self.lookups.lock().expect("lookup table");
+        let n = l.entry(ino).or_insert(0);
+        if *n == 0 && self.fs.open_ino(ino).is_err() {
+            return;
+        }
+        *n += 1;
+    }
+
+    fn forget_n(&self, ino: u64, n: u64) {
+        let mut l = self.lookups.lock().expect("lookup table");
+        if let Some(c) = l.get_mut(&ino) {
+            *c = c.saturating_sub(n);
+            if *c == 0 {
+                l.remove(&ino);
+                self.fs.release_ino(ino);
+            }
+        }
+    }
 }
 
 fn errno(e: pwfs::Error) -> Errno {
@@ -89,13 +127,6 @@ fn attr(m: &Metadata) -> FileAttr {
     }
 }
 
-fn entry(reply: ReplyEntry, r: pwfs::Result<Metadata>) {
-    match r {
-        Ok(m) => reply.entry(&TTL, &attr(&m), Generation(m.generation as u64)),
-        Err(e) => reply.error(errno(e)),
-    }
-}
-
 fn empty(reply: ReplyEmpty, r: pwfs::Result<()>) {
     match r {
         Ok(()) => reply.ok(),
@@ -129,14 +160,24 @@ impl Filesystem for PwFuse {
     }
 
     fn destroy(&mut self) {
+        // The kernel sends no forgets at unmount: drop its references here, so that
+        // files unlinked while it held them are freed by the final sync.
+        let held: Vec<(u64, u64)> = self.lookups.lock().expect("lookup table").drain().collect();
+        for (ino, _) in held {
+            self.fs.release_ino(ino);
+        }
         // Unmount: everything durable, the journal empty.
         if let Err(e) = self.fs.sync() {
             eprintln!("pwfs: sync at unmount failed: {e}");
         }
     }
 
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.forget_n(ino.0, nlookup);
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        entry(reply, self.fs.lookup(parent.0, name.as_bytes()))
+        self.entry(reply, self.fs.lookup(parent.0, name.as_bytes()))
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -187,11 +228,11 @@ impl Filesystem for PwFuse {
     }
 
     fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
-        entry(reply, self.fs.mknod(parent.0, name.as_bytes(), mode & !umask, rdev, req.uid(), req.gid()))
+        self.entry(reply, self.fs.mknod(parent.0, name.as_bytes(), mode & !umask, rdev, req.uid(), req.gid()))
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
-        entry(reply, self.fs.mkdir(parent.0, name.as_bytes(), mode & !umask, req.uid(), req.gid()))
+        self.entry(reply, self.fs.mkdir(parent.0, name.as_bytes(), mode & !umask, req.uid(), req.gid()))
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -203,7 +244,7 @@ impl Filesystem for PwFuse {
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
-        entry(
+        self.entry(
             reply,
             self.fs.symlink(parent.0, link_name.as_bytes(), target.as_os_str().as_bytes(), req.uid(), req.gid()),
         )
@@ -227,7 +268,7 @@ impl Filesystem for PwFuse {
     }
 
     fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
-        entry(reply, self.fs.link(ino.0, newparent.0, newname.as_bytes()))
+        self.entry(reply, self.fs.link(ino.0, newparent.0, newname.as_bytes()))
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -363,7 +404,10 @@ impl Filesystem for PwFuse {
             .mknod(parent.0, name.as_bytes(), mode & !umask, 0, req.uid(), req.gid())
             .and_then(|m| self.fs.open_ino(m.ino));
         match made {
-            Ok(m) => reply.created(&TTL, &attr(&m), Generation(m.generation as u64), FileHandle(0), data_open_flags()),
+            Ok(m) => {
+                self.remember(m.ino);
+                reply.created(&TTL, &attr(&m), Generation(m.generation as u64), FileHandle(0), data_open_flags())
+            }
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -420,6 +464,7 @@ impl Mounted {
 /// Serve `fs` at `mountpoint` on background threads.
 pub fn mount(fs: Fs, mountpoint: &Path, allow_other: bool) -> std::io::Result<Mounted> {
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).max(2) * 2;
-    let session = fuser::spawn_mount(PwFuse { fs }, mountpoint, &options(allow_other, threads))?;
+    let session =
+        fuser::spawn_mount(PwFuse { fs, lookups: Default::default() }, mountpoint, &options(allow_other, threads))?;
     Ok(Mounted { session, mountpoint: mountpoint.to_path_buf() })
 }
