@@ -93,6 +93,18 @@ fn posix_calls_through_the_kernel() {
     }
     drop(f);
 
+    // Extended attributes, stored by the engine.
+    xattr_set(&p("y"), "user.color", b"blue", 0).unwrap();
+    assert_eq!(xattr_get(&p("y"), "user.color").unwrap(), b"blue");
+    assert_eq!(xattr_set(&p("y"), "user.color", b"red", libc::XATTR_CREATE).unwrap_err(), libc::EEXIST);
+    assert_eq!(xattr_set(&p("y"), "user.none", b"x", libc::XATTR_REPLACE).unwrap_err(), libc::ENODATA);
+    assert_eq!(xattr_get(&p("y"), "user.none").unwrap_err(), libc::ENODATA);
+    assert_eq!(xattr_set(&p("y"), "bogus.ns", b"x", 0).unwrap_err(), libc::EOPNOTSUPP);
+    xattr_set(&p("y"), "user.size", &[7u8; 1000], 0).unwrap();
+    assert_eq!(xattr_list(&p("y")), vec!["user.color", "user.size"]);
+    assert_eq!(xattr_remove(&p("y"), "user.color"), 0);
+    assert_eq!(xattr_list(&p("z")), vec!["user.size"], "same inode through the hard link");
+
     let st = nix_statvfs(&dir);
     assert!(st > 0, "statfs reports free blocks");
     mounted.unmount().unwrap();
@@ -111,4 +123,50 @@ fn nix_statvfs(path: &std::path::Path) -> u64 {
         assert_eq!(libc::statvfs(c.as_ptr(), &mut st), 0);
         st.f_bavail
     }
+}
+
+fn cpath(p: &std::path::Path) -> std::ffi::CString {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap()
+}
+
+fn xattr_set(p: &std::path::Path, name: &str, value: &[u8], flags: i32) -> Result<(), i32> {
+    let n = std::ffi::CString::new(name).unwrap();
+    // SAFETY: valid C strings and a value buffer of the given length.
+    let r = unsafe { libc::setxattr(cpath(p).as_ptr(), n.as_ptr(), value.as_ptr() as *const _, value.len(), flags) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap())
+    }
+}
+
+fn xattr_get(p: &std::path::Path, name: &str) -> Result<Vec<u8>, i32> {
+    let n = std::ffi::CString::new(name).unwrap();
+    let mut buf = vec![0u8; 65536];
+    // SAFETY: valid C strings and a buffer of the given length.
+    let r = unsafe { libc::getxattr(cpath(p).as_ptr(), n.as_ptr(), buf.as_mut_ptr() as *mut _, buf.len()) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
+    }
+    buf.truncate(r as usize);
+    Ok(buf)
+}
+
+fn xattr_list(p: &std::path::Path) -> Vec<String> {
+    let mut buf = vec![0u8; 65536];
+    // SAFETY: a valid C string and a buffer of the given length.
+    let r = unsafe { libc::listxattr(cpath(p).as_ptr(), buf.as_mut_ptr() as *mut _, buf.len()) };
+    assert!(r >= 0, "listxattr: {}", std::io::Error::last_os_error());
+    buf.truncate(r as usize);
+    let mut names: Vec<String> =
+        buf.split(|b| *b == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8(s.to_vec()).unwrap()).collect();
+    names.sort();
+    names
+}
+
+fn xattr_remove(p: &std::path::Path, name: &str) -> i32 {
+    let n = std::ffi::CString::new(name).unwrap();
+    // SAFETY: valid C strings.
+    unsafe { libc::removexattr(cpath(p).as_ptr(), n.as_ptr()) }
 }

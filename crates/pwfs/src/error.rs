@@ -29,6 +29,8 @@ pub enum ErrorKind {
     Busy,
     NotPermitted,
     NotSupported,
+    NoData,
+    Range,
 }
 
 #[derive(Debug, Clone)]
@@ -69,6 +71,8 @@ impl Error {
             ErrorKind::Busy => libc::EBUSY,
             ErrorKind::NotPermitted => libc::EPERM,
             ErrorKind::NotSupported => libc::EOPNOTSUPP,
+            ErrorKind::NoData => libc::ENODATA,
+            ErrorKind::Range => libc::ERANGE,
         }
     }
 }

@@ -42,6 +42,10 @@ pub const EXT_HEADER: usize = 32;
 pub const EXTENTS_PER_BLOCK: usize = (BLOCK_SIZE - EXT_HEADER) / 16;
 
 pub const DIR_MAGIC: u32 = 0x4449_5242; // "DIRB"
+pub const XATTR_MAGIC: u32 = 0x5841_5442; // "XATB"
+pub const XATTR_HEADER: usize = 24;
+/// Longest attribute name (with its namespace prefix), as on Linux.
+pub const XATTR_NAME_MAX: usize = 255;
 pub const DIR_HEADER: usize = 16;
 pub const DIRENT_SIZE: usize = 272;
 pub const DIRENTS_PER_BLOCK: usize = (BLOCK_SIZE - DIR_HEADER) / DIRENT_SIZE;
@@ -346,6 +350,8 @@ pub struct DiskInode {
     pub rdev: u32,
     /// First extent-chain block, or 0.
     pub ext_block: u64,
+    /// Block holding the extended attributes, or 0.
+    pub xattr_block: u64,
     /// Inline extents (up to INLINE_EXTENTS), unless INODE_FLAG_INLINE.
     pub extents: Vec<Extent>,
     /// Inline data (symlink target), if INODE_FLAG_INLINE.
@@ -390,6 +396,7 @@ impl DiskInode {
             }
         }
         put32(b, 224, self.rdev);
+        put64(b, 232, self.xattr_block);
         put32(b, INODE_CRC_AT, crc_skip(b, INODE_CRC_AT, ino as u32));
     }
 
@@ -420,6 +427,7 @@ impl DiskInode {
             parent: u64_at(b, 80),
             ext_block: u64_at(b, 88),
             rdev: u32_at(b, 224),
+            xattr_block: u64_at(b, 232),
             extents: Vec::new(),
             inline: Vec::new(),
         };
@@ -559,6 +567,68 @@ pub fn dir_block_decode(owner: u64, b: &[u8]) -> R<Vec<Option<Dirent>>> {
         out.push(Some(Dirent { ino, ftype: b[at + 10], name: name.to_vec() }));
     }
     Ok(out)
+}
+
+// ---------------------------------------------------------------- extended attributes
+
+/// The extended attributes of one inode, in one block: `(name, value)` pairs, sorted
+/// by name. Each entry is `name_len u8, value_len u16, name, value`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct XattrBlock {
+    pub ino: u64,
+    pub entries: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+impl XattrBlock {
+    /// Bytes the entries take in a block.
+    pub fn used(entries: &[(Vec<u8>, Vec<u8>)]) -> usize {
+        XATTR_HEADER + entries.iter().map(|(n, v)| 3 + n.len() + v.len()).sum::<usize>()
+    }
+
+    pub fn encode(&self, b: &mut [u8]) {
+        assert!(XattrBlock::used(&self.entries) <= BLOCK_SIZE);
+        b.fill(0);
+        put32(b, 0, XATTR_MAGIC);
+        put64(b, 8, self.ino);
+        put32(b, 16, self.entries.len() as u32);
+        let mut at = XATTR_HEADER;
+        for (n, v) in &self.entries {
+            b[at] = n.len() as u8;
+            put16(b, at + 1, v.len() as u16);
+            b[at + 3..at + 3 + n.len()].copy_from_slice(n);
+            b[at + 3 + n.len()..at + 3 + n.len() + v.len()].copy_from_slice(v);
+            at += 3 + n.len() + v.len();
+        }
+        put32(b, 4, crc_skip(b, 4, 0));
+    }
+
+    pub fn decode(b: &[u8]) -> R<XattrBlock> {
+        need_block(b, "xattr block")?;
+        if u32_at(b, 0) != XATTR_MAGIC {
+            return Err(FormatError::Magic { what: "xattr block" });
+        }
+        if u32_at(b, 4) != crc_skip(b, 4, 0) {
+            return Err(FormatError::Checksum { what: "xattr block" });
+        }
+        let n = u32_at(b, 16) as usize;
+        let mut entries = Vec::new();
+        let mut at = XATTR_HEADER;
+        for _ in 0..n {
+            if at + 3 > BLOCK_SIZE {
+                return Err(FormatError::Invalid { what: "xattr block entries" });
+            }
+            let (nl, vl) = (b[at] as usize, u16_at(b, at + 1) as usize);
+            if nl == 0 || at + 3 + nl + vl > BLOCK_SIZE {
+                return Err(FormatError::Invalid { what: "xattr entry" });
+            }
+            entries.push((b[at + 3..at + 3 + nl].to_vec(), b[at + 3 + nl..at + 3 + nl + vl].to_vec()));
+            at += 3 + nl + vl;
+        }
+        if entries.windows(2).any(|w| w[0].0 >= w[1].0) {
+            return Err(FormatError::Invalid { what: "xattr names out of order" });
+        }
+        Ok(XattrBlock { ino: u64_at(b, 8), entries })
+    }
 }
 
 // ---------------------------------------------------------------- journal
@@ -724,6 +794,7 @@ mod tests {
             parent: 0,
             rdev: 0,
             ext_block: 0,
+            xattr_block: 77,
             extents: vec![
                 Extent { logical: 0, len: 128, physical: 1000 },
                 Extent { logical: 128, len: 128, physical: 5000 },
@@ -766,6 +837,9 @@ mod tests {
         let c = JournalCommit { seq: 8, n_desc: 1, n_images: 3, body_crc: 0xdead, extra: vec![1, 2] };
         c.encode(&mut b);
         assert_eq!(JournalCommit::decode(&b).unwrap(), c);
+        let x = XattrBlock { ino: 3, entries: vec![(b"user.a".to_vec(), vec![1, 2]), (b"user.b".to_vec(), vec![])] };
+        x.encode(&mut b);
+        assert_eq!(XattrBlock::decode(&b).unwrap(), x);
         let h = JournalHeader { start_seq: 99 };
         h.encode(&mut b);
         assert_eq!(JournalHeader::decode(&b).unwrap(), h);
@@ -790,6 +864,7 @@ mod tests {
                 let _ = JournalDesc::decode(b);
                 let _ = JournalCommit::decode(b);
                 let _ = bitmap_check(b, flip);
+                let _ = XattrBlock::decode(b);
                 if b.len() >= INODE_SIZE {
                     let _ = DiskInode::decode(flip, &b[..INODE_SIZE]);
                 }

@@ -190,6 +190,19 @@ pub fn check(dev: &dyn Device) -> Result<Report> {
                             }
                         }
                     }
+                    if d.xattr_block != 0 {
+                        chain += 1;
+                        claim(&mut r, d.xattr_block, "xattr");
+                        match rd
+                            .read(d.xattr_block)
+                            .map_err(|e| e.to_string())
+                            .and_then(|b| f::XattrBlock::decode(&b).map_err(|e| e.to_string()))
+                        {
+                            Ok(x) if x.ino == ino => {}
+                            Ok(x) => err(&mut r, format!("inode {ino}: xattr block belongs to inode {}", x.ino)),
+                            Err(e) => err(&mut r, format!("inode {ino}: xattr block: {e}")),
+                        }
+                    }
                     if d.flags & f::INODE_FLAG_INLINE == 0 && extents.len() != d.n_extents as usize {
                         err(&mut r, format!("inode {ino}: {} extents found, {} recorded", extents.len(), d.n_extents));
                     }

@@ -231,3 +231,33 @@ fn background_writeback_under_pressure() {
     fs.unmount().unwrap();
     fsck_clean(&*dev);
 }
+
+#[test]
+fn extended_attributes() {
+    let (dev, fs) = mem_fs(16 * MIB);
+    fs.write_file("/f", b"x").unwrap();
+    let ino = fs.metadata("/f").unwrap().ino;
+    let blocks = fs.getattr(ino).unwrap().blocks;
+    fs.setxattr(ino, b"user.a", b"1", false, false).unwrap();
+    fs.setxattr(ino, b"user.b", &[9u8; 2000], false, false).unwrap();
+    assert_eq!(fs.getxattr(ino, b"user.a").unwrap(), b"1");
+    assert_eq!(errno(fs.getxattr(ino, b"user.zz")), libc::ENODATA);
+    assert_eq!(errno(fs.setxattr(ino, b"user.a", b"2", true, false)), libc::EEXIST);
+    assert_eq!(errno(fs.setxattr(ino, b"user.q", b"2", false, true)), libc::ENODATA);
+    assert_eq!(errno(fs.setxattr(ino, b"other.a", b"2", false, false)), libc::EOPNOTSUPP);
+    assert_eq!(errno(fs.setxattr(ino, b"user.", b"2", false, false)), libc::EOPNOTSUPP);
+    assert_eq!(errno(fs.setxattr(ino, b"user.c", &[0u8; 3000], false, false)), libc::ENOSPC, "one block per inode");
+    assert!(fs.getattr(ino).unwrap().blocks > blocks, "the attribute block is counted");
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+    let fs = pwfs::Fs::mount(dev.clone(), test_config()).unwrap();
+    assert_eq!(fs.listxattr(ino).unwrap(), vec![b"user.a".to_vec(), b"user.b".to_vec()], "durable, sorted");
+    fs.removexattr(ino, b"user.a").unwrap();
+    fs.removexattr(ino, b"user.b").unwrap();
+    assert_eq!(errno(fs.removexattr(ino, b"user.b")), libc::ENODATA);
+    assert!(fs.listxattr(ino).unwrap().is_empty());
+    fs.setxattr(ino, b"user.z", b"v", false, false).unwrap();
+    fs.remove_file("/f").unwrap();
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}

@@ -462,7 +462,7 @@ impl Meta {
         if node.d.flags & f::INODE_FLAG_INLINE == 0 {
             node.d.extents = extents[..extents.len().min(f::INLINE_EXTENTS)].to_vec();
         }
-        node.d.blocks = node.data_blocks() + node.chain.len() as u64;
+        node.d.blocks = node.data_blocks() + node.chain.len() as u64 + (node.d.xattr_block != 0) as u64;
         let (blk, off) = self.inode_slot(ino);
         let b = self.modify(blk)?;
         node.d.encode(ino, &mut b[off..off + f::INODE_SIZE]);
@@ -512,6 +512,9 @@ impl Meta {
         }
         for b in &node.chain {
             self.free_blocks(*b, 1, true)?;
+        }
+        if node.d.xattr_block != 0 {
+            self.free_blocks(node.d.xattr_block, 1, true)?;
         }
         self.reserved -= node.reserved.len() as u64;
         self.inodes.remove(&ino);
@@ -646,6 +649,45 @@ impl Meta {
 
     pub fn dir_is_empty(&mut self, dir: u64) -> Result<bool> {
         Ok(self.dir(dir)?.names.is_empty())
+    }
+
+    /// The extended attributes of `ino` (sorted by name).
+    pub fn xattrs(&mut self, ino: u64) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let b = self.inode(ino)?.d.xattr_block;
+        if b == 0 {
+            return Ok(Vec::new());
+        }
+        if b < self.sb.data_start || b >= self.sb.data_end {
+            return Err(Error::corrupt(format!("inode {ino}: xattr block {b} outside the data area")));
+        }
+        let x = f::XattrBlock::decode(self.block(b)?)?;
+        if x.ino != ino {
+            return Err(Error::corrupt(format!("inode {ino}: xattr block {b} belongs to inode {}", x.ino)));
+        }
+        Ok(x.entries)
+    }
+
+    /// Replace the extended attributes of `ino` (the caller checked they fit a block).
+    pub fn set_xattrs(&mut self, ino: u64, entries: Vec<(Vec<u8>, Vec<u8>)>) -> Result<()> {
+        let old = self.inode(ino)?.d.xattr_block;
+        if entries.is_empty() {
+            if old != 0 {
+                self.free_blocks(old, 1, true)?;
+                self.inode(ino)?.d.xattr_block = 0;
+            }
+        } else {
+            let b = if old != 0 { old } else { self.alloc_meta()? };
+            let x = f::XattrBlock { ino, entries };
+            if old != 0 {
+                x.encode(self.modify(b)?);
+            } else {
+                x.encode(self.fresh(b));
+            }
+            self.inode(ino)?.d.xattr_block = b;
+        }
+        self.inode(ino)?.d.ctime = now();
+        self.mark_inode_dirty(ino);
+        Ok(())
     }
 
     /// Symlink target or other small journaled payload stored in one block.

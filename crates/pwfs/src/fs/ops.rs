@@ -50,7 +50,11 @@ pub(crate) fn attr(ino: u64, node: &super::meta::Inode) -> Metadata {
         nlink: d.nlink,
         size: d.size,
         // Blocks written but not yet allocated (delayed allocation) count, as on ext4.
-        blocks: (node.data_blocks() + node.chain.len() as u64 + node.reserved.len() as u64) * (BLOCK / 512),
+        blocks: (node.data_blocks()
+            + node.chain.len() as u64
+            + (d.xattr_block != 0) as u64
+            + node.reserved.len() as u64)
+            * (BLOCK / 512),
         atime: d.atime,
         mtime: d.mtime,
         ctime: d.ctime,
@@ -490,6 +494,78 @@ impl Fs {
         let md = attr(ino, node);
         m.mark_inode_dirty(ino);
         Ok(md)
+    }
+
+    // ------------------------------------------------------------ extended attributes
+
+    /// Names must carry a namespace Patchwork stores: user, trusted or security.
+    /// (system.* holds ACLs, which it does not implement: EOPNOTSUPP.)
+    fn check_xattr_name(name: &[u8]) -> Result<()> {
+        if name.is_empty() {
+            return Err(Error::new(crate::ErrorKind::Range, "empty attribute name"));
+        }
+        if name.len() > f::XATTR_NAME_MAX {
+            return Err(Error::new(crate::ErrorKind::Range, "attribute name too long"));
+        }
+        let known = [&b"user."[..], b"trusted.", b"security."];
+        if !known.iter().any(|p| name.starts_with(p) && name.len() > p.len()) {
+            return Err(Error::new(crate::ErrorKind::NotSupported, "attribute namespace not supported"));
+        }
+        Ok(())
+    }
+
+    pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        Self::check_xattr_name(name)?;
+        let mut m = self.meta();
+        let entries = m.xattrs(ino)?;
+        let found = entries.into_iter().find(|(n, _)| n == name);
+        found.map(|(_, v)| v).ok_or_else(|| Error::new(crate::ErrorKind::NoData, ""))
+    }
+
+    pub fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
+        Ok(self.meta().xattrs(ino)?.into_iter().map(|(n, _)| n).collect())
+    }
+
+    /// setxattr(2): `create` is XATTR_CREATE (EEXIST if present), `replace` is
+    /// XATTR_REPLACE (ENODATA if absent). All attributes of an inode share one block:
+    /// past that, ENOSPC (as ext4 when its in-inode and block space is full).
+    pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], create: bool, replace: bool) -> Result<()> {
+        self.inner.check_writable()?;
+        Self::check_xattr_name(name)?;
+        if value.len() > u16::MAX as usize {
+            return Err(Error::new(crate::ErrorKind::Range, "attribute value too large"));
+        }
+        let mut m = self.meta();
+        let mut entries = m.xattrs(ino)?;
+        match (entries.binary_search_by(|(n, _)| n.as_slice().cmp(name)), create, replace) {
+            (Ok(_), true, _) => return Err(Error::exists("")),
+            (Err(_), _, true) => return Err(Error::new(crate::ErrorKind::NoData, "")),
+            (Ok(i), _, _) => entries[i].1 = value.to_vec(),
+            (Err(i), _, _) => entries.insert(i, (name.to_vec(), value.to_vec())),
+        }
+        if f::XattrBlock::used(&entries) > BLOCK_SIZE {
+            return Err(Error::no_space("no room for more extended attributes on this inode"));
+        }
+        if m.inode(ino)?.d.xattr_block == 0 {
+            self.inner.need_space(&mut m, 1, false)?;
+        }
+        self.inner.mutate(&mut m, |m| m.set_xattrs(ino, entries))?;
+        drop(m);
+        self.inner.maybe_commit()
+    }
+
+    pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
+        self.inner.check_writable()?;
+        Self::check_xattr_name(name)?;
+        let mut m = self.meta();
+        let mut entries = m.xattrs(ino)?;
+        let i = entries
+            .binary_search_by(|(n, _)| n.as_slice().cmp(name))
+            .map_err(|_| Error::new(crate::ErrorKind::NoData, ""))?;
+        entries.remove(i);
+        self.inner.mutate(&mut m, |m| m.set_xattrs(ino, entries))?;
+        drop(m);
+        self.inner.maybe_commit()
     }
 
     // ------------------------------------------------------------ file data
