@@ -6,8 +6,12 @@
 //! - `basic`: cold 4 KiB random reads at queue depth 1, 4 KiB write+fsync, 1 MiB
 //!   sequential write and cold read, warm 4 KiB reads; against ext4 buffered, ext4
 //!   O_DIRECT, and raw io_uring O_DIRECT reads of the image (the device floor).
+//! - `fuse`: untar, 4 KiB random writes with fsync every 64, cold 4 KiB random reads,
+//!   1 MiB sequential write and read, `git status` over 10,000 files; on a pwfs FUSE
+//!   mount against ext4 on the same disk.
 
 pub mod basic;
+pub mod fuse;
 pub mod kernel;
 pub mod report;
 

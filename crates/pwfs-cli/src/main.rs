@@ -85,6 +85,8 @@ const DEFAULT_MOUNTPOINT: &str = "/mnt/pwfs";
 enum Workload {
     /// Cold/warm 4 KiB reads, write+fsync, 1 MiB sequential I/O vs ext4 and the raw device.
     Basic,
+    /// Untar, random writes with fsync, reads, sequential I/O, git status: a FUSE mount vs ext4.
+    Fuse,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -197,7 +199,7 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             mount::umount(&mountpoint)?;
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Bench { workload: Workload::Basic, quick, smoke, dir, json } => {
+        Cmd::Bench { workload, quick, smoke, dir, json } => {
             let opts = if smoke {
                 pwfs_bench::Opts::smoke(dir.clone())
             } else if quick {
@@ -205,9 +207,12 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             } else {
                 pwfs_bench::Opts::full(dir.clone())
             };
-            let r = pwfs_bench::basic::run(&opts, &mut |s| eprintln!("bench basic: {s}..."))?;
+            let (name, r) = match workload {
+                Workload::Basic => ("basic", pwfs_bench::basic::run(&opts, &mut |s| eprintln!("bench basic: {s}..."))?),
+                Workload::Fuse => ("fuse", pwfs_bench::fuse::run(&opts, &mut |s| eprintln!("bench fuse: {s}..."))?),
+            };
             print!("{}", r.table());
-            let json = json.unwrap_or_else(|| dir.join("basic.json"));
+            let json = json.unwrap_or_else(|| dir.join(format!("{name}.json")));
             std::fs::write(&json, serde_json_pretty(&r)).map_err(|e| format!("{}: {e}", json.display()))?;
             println!("JSON record: {}", json.display());
             Ok(ExitCode::SUCCESS)

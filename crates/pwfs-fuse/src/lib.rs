@@ -338,9 +338,9 @@ impl Filesystem for PwFuse {
         }
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: fuser::LockOwner, reply: ReplyEmpty) {
-        reply.ok();
-    }
+    // No `flush`: the default answer (ENOSYS) tells the kernel to stop sending it at
+    // every close, which saves a round trip per file; close has nothing to flush here
+    // (fsync and the write-back thread make data durable, errors surface at fsync).
 
     fn release(
         &self,
@@ -513,7 +513,9 @@ impl Mounted {
 
 /// Serve `fs` at `mountpoint` on background threads.
 pub fn mount(fs: Fs, mountpoint: &Path, allow_other: bool) -> std::io::Result<Mounted> {
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).max(2) * 2;
+    // One serving thread per CPU (at least two): measured on 2 CPUs, untar of
+    // /usr/include took 7.8 s with 1 thread, 2.4 s with 2 and 3.3 s with 4.
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).max(2);
     let session =
         fuser::spawn_mount(PwFuse { fs, lookups: Default::default() }, mountpoint, &options(allow_other, threads))?;
     Ok(Mounted { session, mountpoint: mountpoint.to_path_buf() })
