@@ -119,12 +119,9 @@ impl Fs {
         Ok(attr(ino, node))
     }
 
-    /// Create a regular file, special file, directory or symlink.
-    fn make(&self, parent: u64, name: &[u8], new: NewNode<'_>) -> Result<Metadata> {
-        let NewNode { mode, uid, gid, rdev, target } = new;
-        self.inner.check_writable()?;
+    /// `name` can be added to `parent`: a valid name, in a live directory, not taken.
+    fn check_new_name(m: &mut Meta, parent: u64, name: &[u8]) -> Result<()> {
         check_name(name)?;
-        let mut m = self.meta();
         let p = m.inode(parent)?;
         if !p.is_dir() {
             return Err(Error::not_dir(""));
@@ -132,12 +129,21 @@ impl Fs {
         if p.d.nlink == 0 {
             return Err(Error::not_found("directory was removed"));
         }
-        let is_dir = mode & f::S_IFMT == f::S_IFDIR;
-        if is_dir && p.d.nlink >= LINK_MAX {
-            return Err(Error::too_many_links(""));
-        }
         if is_dot(name) || m.lookup(parent, name)?.is_some() {
             return Err(Error::exists(""));
+        }
+        Ok(())
+    }
+
+    /// Create a regular file, special file, directory or symlink.
+    fn make(&self, parent: u64, name: &[u8], new: NewNode<'_>) -> Result<Metadata> {
+        let NewNode { mode, uid, gid, rdev, target } = new;
+        self.inner.check_writable()?;
+        let mut m = self.meta();
+        Self::check_new_name(&mut m, parent, name)?;
+        let is_dir = mode & f::S_IFMT == f::S_IFDIR;
+        if is_dir && m.inode(parent)?.d.nlink >= LINK_MAX {
+            return Err(Error::too_many_links(""));
         }
         let long_target = target.is_some_and(|t| t.len() > f::INLINE_MAX);
         let grow = m.dir(parent)?.free.is_empty();
@@ -223,18 +229,8 @@ impl Fs {
 
     pub fn link(&self, ino: u64, parent: u64, name: &[u8]) -> Result<Metadata> {
         self.inner.check_writable()?;
-        check_name(name)?;
         let mut m = self.meta();
-        let p = m.inode(parent)?;
-        if !p.is_dir() {
-            return Err(Error::not_dir(""));
-        }
-        if p.d.nlink == 0 {
-            return Err(Error::not_found("directory was removed"));
-        }
-        if is_dot(name) || m.lookup(parent, name)?.is_some() {
-            return Err(Error::exists(""));
-        }
+        Self::check_new_name(&mut m, parent, name)?;
         let node = m.inode(ino)?;
         if node.is_dir() {
             return Err(Error::not_permitted("hard link to a directory"));
