@@ -54,9 +54,15 @@ enum Cmd {
         /// Let other users than the mounting one use the file system.
         #[arg(long)]
         allow_other: bool,
+        /// How a partial write to a page not in memory gets its data (non-blocking
+        /// writes): blocking reads it first; the others patch it and fetch later.
+        #[arg(long, value_enum, default_value = "blocking")]
+        fetch: Fetch,
     },
     /// Unmount a pwfs mount point (the serving process then flushes and exits).
     Umount { mountpoint: PathBuf },
+    /// Live counters of a mounted pwfs (non-blocking writes, cache, journal).
+    Stat { mountpoint: PathBuf },
     /// Run a named benchmark (Patchwork against the kernel, side by side).
     Bench {
         #[arg(value_enum)]
@@ -80,6 +86,25 @@ enum Cmd {
 const DEFAULT_IMAGE: &str = "pwfs.img";
 /// The default mount point.
 const DEFAULT_MOUNTPOINT: &str = "/mnt/pwfs";
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Fetch {
+    Blocking,
+    AsyncFg,
+    AsyncBg,
+    Lazy,
+}
+
+impl From<Fetch> for pwfs::FetchPolicy {
+    fn from(f: Fetch) -> Self {
+        match f {
+            Fetch::Blocking => pwfs::FetchPolicy::Blocking,
+            Fetch::AsyncFg => pwfs::FetchPolicy::AsyncForeground,
+            Fetch::AsyncBg => pwfs::FetchPolicy::AsyncBackground,
+            Fetch::Lazy => pwfs::FetchPolicy::Lazy,
+        }
+    }
+}
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Workload {
@@ -192,8 +217,12 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Mount { image, mountpoint, size, cache, daemon, allow_other } => {
-            mount::run(&image, &mountpoint, size, cache, daemon, allow_other)
+        Cmd::Mount { image, mountpoint, size, cache, daemon, allow_other, fetch } => {
+            mount::run(&mount::MountArgs { image, mountpoint, size, cache, daemon, allow_other, fetch: fetch.into() })
+        }
+        Cmd::Stat { mountpoint } => {
+            print!("{}", mount::stat(&mountpoint)?);
+            Ok(ExitCode::SUCCESS)
         }
         Cmd::Umount { mountpoint } => {
             mount::umount(&mountpoint)?;

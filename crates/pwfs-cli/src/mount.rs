@@ -5,7 +5,7 @@ use std::ffi::CString;
 use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::io::FromRawFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::mpsc;
 
@@ -61,16 +61,19 @@ fn daemonize() -> Result<std::fs::File, String> {
     }
 }
 
-pub fn run(
-    image: &Path,
-    mountpoint: &Path,
-    size: u64,
-    cache: u64,
-    daemon: bool,
-    allow_other: bool,
-) -> Result<ExitCode, String> {
-    let mut report = if daemon { Some(daemonize()?) } else { None };
-    let result = serve(image, mountpoint, size, cache, allow_other, &mut report);
+pub struct MountArgs {
+    pub image: PathBuf,
+    pub mountpoint: PathBuf,
+    pub size: u64,
+    pub cache: u64,
+    pub daemon: bool,
+    pub allow_other: bool,
+    pub fetch: pwfs::FetchPolicy,
+}
+
+pub fn run(a: &MountArgs) -> Result<ExitCode, String> {
+    let mut report = if a.daemon { Some(daemonize()?) } else { None };
+    let result = serve(a, &mut report);
     if let (Err(e), Some(p)) = (&result, report.as_mut()) {
         // The waiting parent prints it and exits non-zero.
         let _ = writeln!(p, "pwfs: {e}");
@@ -79,14 +82,8 @@ pub fn run(
     result
 }
 
-fn serve(
-    image: &Path,
-    mountpoint: &Path,
-    size: u64,
-    cache: u64,
-    allow_other: bool,
-    report: &mut Option<std::fs::File>,
-) -> Result<ExitCode, String> {
+fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, String> {
+    let (image, mountpoint, size, cache, allow_other) = (&a.image, &a.mountpoint, a.size, a.cache, a.allow_other);
     let set = block_signals();
     let mut out = String::new();
     if !image.exists() {
@@ -94,7 +91,7 @@ fn serve(
         out += &format!("created {} ({} MiB)\n", image.display(), (sb.total_blocks * 4096) >> 20);
     }
     std::fs::create_dir_all(mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
-    let config = Config { cache_bytes: cache, ..Default::default() };
+    let config = Config { cache_bytes: cache, fetch: a.fetch, ..Default::default() };
     let fs = pwfs::mount_image(image, config).map_err(|e| format!("{}: {e}", image.display()))?;
     let mounted = pwfs_fuse::mount(fs.clone(), mountpoint, allow_other)
         .map_err(|e| format!("mount at {}: {e}", mountpoint.display()))?;
@@ -117,6 +114,16 @@ fn serve(
         }
         None => print!("{out}"),
     }
+    // Live counters for `pwfs stat`, rewritten every second.
+    let stats_path = stats_file(mountpoint);
+    let (fs2, path2) = (fs.clone(), stats_path.clone());
+    std::thread::spawn(move || loop {
+        if let Some(dir) = path2.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        let _ = std::fs::write(&path2, render_stats(&fs2));
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    });
     let (tx, rx) = mpsc::channel();
     let tx2 = tx.clone();
     std::thread::spawn(move || {
@@ -144,6 +151,7 @@ fn serve(
             Err(_) => break,
         }
     }
+    let _ = std::fs::remove_file(&stats_path);
     served.map_err(|e| format!("serving {}: {e}", mountpoint.display()))?;
     fs.unmount().map_err(|e| format!("flushing {} at unmount: {e}", image.display()))?;
     eprintln!("pwfs: {} unmounted; data flushed, journal empty", mountpoint.display());
@@ -165,4 +173,50 @@ pub fn umount(mountpoint: &Path) -> Result<(), String> {
         }
     }
     Err(format!("cannot unmount {}: {e}", mountpoint.display()))
+}
+
+/// Where the serving process of `mountpoint` keeps its live counters.
+fn stats_file(mountpoint: &Path) -> PathBuf {
+    let canon = mountpoint.canonicalize().unwrap_or_else(|_| mountpoint.to_path_buf());
+    let name: String = canon.to_string_lossy().chars().map(|c| if c == '/' { '%' } else { c }).collect();
+    PathBuf::from("/run/pwfs").join(format!("{name}.stats"))
+}
+
+fn render_stats(fs: &pwfs::Fs) -> String {
+    let n = fs.nbw_stats();
+    let (hits, misses, evictions) = fs.cache_stats();
+    let j = fs.journal_stats();
+    format!(
+        "fetch policy          {:?}\n\
+         patches created       {}\n\
+         patches merged        {}\n\
+         fetches avoided       {}\n\
+         fetches deferred      {}\n\
+         reads from patches    {}\n\
+         patch-memory fallbacks {}\n\
+         partial-write fetches {}\n\
+         patch bytes now       {}\n\
+         cache hits/misses     {hits}/{misses}\n\
+         cache evictions       {evictions}\n\
+         journal commits       {}\n\
+         journal checkpoints   {}\n",
+        fs.config().fetch,
+        n.patches_created,
+        n.patches_merged,
+        n.fetches_avoided,
+        n.fetches_deferred,
+        n.reads_from_patches,
+        n.patch_memory_fallbacks,
+        n.partial_write_fetches,
+        n.patch_bytes,
+        j.commits,
+        j.checkpoints,
+    )
+}
+
+/// `pwfs stat MOUNTPOINT`: the counters the serving process last wrote.
+pub fn stat(mountpoint: &Path) -> Result<String, String> {
+    let p = stats_file(mountpoint);
+    std::fs::read_to_string(&p)
+        .map_err(|e| format!("{}: no pwfs mounted there ({}: {e})", mountpoint.display(), p.display()))
 }

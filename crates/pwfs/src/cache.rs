@@ -60,6 +60,62 @@ pub struct PageData {
     pub buf: Option<AlignedBuf>,
     /// Set when the fetch failed; waiters return EIO.
     pub failed: bool,
+    /// Writes to a page whose data has not been read yet (non-blocking writes), in
+    /// order, applied when the data arrives. Only in `Outdated` and `Fetching`.
+    pub patches: Vec<Patch>,
+}
+
+/// Bytes written at an offset within a page.
+#[derive(Debug, Clone)]
+pub struct Patch {
+    pub offset: u16,
+    pub data: Vec<u8>,
+}
+
+impl PageData {
+    /// Record a write as a patch, in FIFO order. Patches at the tail of the queue that
+    /// overlap or touch the new one merge into it (their bytes first, the new ones on
+    /// top): merging only from the tail never lets older bytes overtake newer ones.
+    /// Returns the change in patch bytes.
+    pub fn add_patch(&mut self, offset: usize, data: &[u8]) -> isize {
+        let before: usize = self.patches.iter().map(|p| p.data.len()).sum();
+        let (mut start, mut end) = (offset, offset + data.len());
+        let mut absorbed = Vec::new();
+        while let Some(last) = self.patches.last() {
+            let (ps, pe) = (last.offset as usize, last.offset as usize + last.data.len());
+            if pe < start || ps > end {
+                break;
+            }
+            start = start.min(ps);
+            end = end.max(pe);
+            absorbed.push(self.patches.pop().expect("checked"));
+        }
+        let mut merged = vec![0u8; end - start];
+        // Oldest first; every absorbed patch touches the growing range, so the merged
+        // bytes are all written.
+        for p in absorbed.iter().rev() {
+            let at = p.offset as usize - start;
+            merged[at..at + p.data.len()].copy_from_slice(&p.data);
+        }
+        merged[offset - start..offset - start + data.len()].copy_from_slice(data);
+        self.patches.push(Patch { offset: start as u16, data: merged });
+        let after: usize = self.patches.iter().map(|p| p.data.len()).sum();
+        after as isize - before as isize
+    }
+
+    /// Copy `out.len()` bytes at `offset` from the patches if they cover all of them.
+    pub fn read_patches(&self, offset: usize, out: &mut [u8]) -> bool {
+        let mut covered = vec![false; out.len()];
+        for p in &self.patches {
+            let (ps, pe) = (p.offset as usize, p.offset as usize + p.data.len());
+            let (s, e) = (ps.max(offset), pe.min(offset + out.len()));
+            if s < e {
+                out[s - offset..e - offset].copy_from_slice(&p.data[s - ps..e - ps]);
+                covered[s - offset..e - offset].iter_mut().for_each(|c| *c = true);
+            }
+        }
+        covered.iter().all(|c| *c)
+    }
 }
 
 impl PageData {
@@ -88,12 +144,19 @@ impl Page {
 
     /// Wait until the page is readable (its fetch or write-back is done) or its
     /// fetch failed.
+    /// An `Outdated` page (patches, no data yet) is returned as it is: the caller adds
+    /// a patch, serves a read from the patches, or resolves it.
     pub fn wait(&self) -> MutexGuard<'_, PageData> {
         let mut g = self.lock();
-        while g.buf.is_none() && !g.failed {
+        while g.buf.is_none() && !g.failed && g.state != PageState::Outdated {
             self.cond.wait(&mut g);
         }
         g
+    }
+
+    /// Wake the threads waiting on this page (after a state change they look for).
+    pub fn notify(&self) {
+        self.cond.notify_all();
     }
 
     /// Lend the buffer of a dirty page to write-back (no copy): until
@@ -118,12 +181,19 @@ impl Page {
         self.cond.notify_all();
     }
 
-    /// The fetch is done: the page becomes readable and waiters wake.
-    pub fn complete(&self, mut g: MutexGuard<'_, PageData>, buf: AlignedBuf) {
+    /// The fetch is done: pending patches are applied in order, and the page becomes
+    /// readable (Dirty if it had patches) and waiters wake.
+    pub fn complete(&self, mut g: MutexGuard<'_, PageData>, mut buf: AlignedBuf) -> usize {
+        let patches = std::mem::take(&mut g.patches);
+        let bytes = patches.iter().map(|p| p.data.len()).sum();
+        for p in &patches {
+            buf[p.offset as usize..p.offset as usize + p.data.len()].copy_from_slice(&p.data);
+        }
         g.buf = Some(buf);
-        g.state = PageState::UpToDate;
+        g.state = if patches.is_empty() { PageState::UpToDate } else { PageState::Dirty };
         drop(g);
         self.cond.notify_all();
+        bytes
     }
 }
 
@@ -207,7 +277,12 @@ impl PageCache {
             }
             let page = Arc::new(Page {
                 key,
-                data: Mutex::new(PageData { state: PageState::Fetching, buf: None, failed: false }),
+                data: Mutex::new(PageData {
+                    state: PageState::Fetching,
+                    buf: None,
+                    failed: false,
+                    patches: Vec::new(),
+                }),
                 cond: Condvar::new(),
                 referenced: AtomicBool::new(false),
             });
@@ -255,13 +330,16 @@ impl PageCache {
     }
 
     /// Forget every page of `ino` at or past page `from` (truncate, delete).
-    pub fn drop_from(&self, ino: u64, from: u64) {
+    /// Returns the pages dropped (the caller settles their patch accounting).
+    pub fn drop_from(&self, ino: u64, from: u64) -> Vec<Arc<Page>> {
         let mut m = self.map.lock();
         let keys: Vec<Key> = m.pages.keys().filter(|k| k.0 == ino && k.1 >= from).copied().collect();
+        let mut dropped = Vec::with_capacity(keys.len());
         for k in keys {
-            m.pages.remove(&k);
+            dropped.extend(m.pages.remove(&k));
             m.dirty.remove(&k);
         }
+        dropped
     }
 
     /// Drop every clean page (a cold start for benchmarks); dirty pages stay.

@@ -12,8 +12,13 @@ pub enum FetchPolicy {
     /// Read the page first, then write into it (the baseline).
     #[default]
     Blocking,
+    /// The writer queues the fetch itself as it returns (the fetch runs on the
+    /// fetcher thread: the device API is synchronous).
     AsyncForeground,
+    /// The fetcher thread fetches pages with patches soon after the write.
     AsyncBackground,
+    /// Fetch only when needed: a read the patches cannot serve, write-back, fsync,
+    /// truncate. A later full overwrite of the page cancels the fetch.
     Lazy,
 }
 
@@ -63,6 +68,8 @@ pub struct Config {
     pub check_on_mount: bool,
     /// Pages read ahead, in the background, of a sequential reader (0: none).
     pub readahead_pages: u64,
+    /// Memory for non-blocking write patches; past it writes take the blocking path.
+    pub patch_bytes: u64,
 }
 
 impl Default for Config {
@@ -79,6 +86,7 @@ impl Default for Config {
             read_only: false,
             check_on_mount: true,
             readahead_pages: 256,
+            patch_bytes: 64 << 20,
         }
     }
 }
@@ -87,9 +95,6 @@ impl Config {
     /// Refuse settings for mechanisms this build does not have yet.
     pub fn validate(&self) -> crate::Result<()> {
         let missing = |what: &str| Err(crate::Error::invalid(format!("{what} is not implemented yet")));
-        if self.fetch != FetchPolicy::Blocking {
-            return missing("non-blocking fetch policies");
-        }
         if self.lock != LockMode::Inode {
             return missing("range locking");
         }

@@ -304,11 +304,11 @@ fn op(prefix: &'static str) -> impl Strategy<Value = Op> {
     ]
 }
 
-fn check_sequence(ops: &[Op]) -> Result<(), TestCaseError> {
+fn check_sequence(ops: &[Op], fetch: pwfs::FetchPolicy) -> Result<(), TestCaseError> {
     let dev = Arc::new(pwfs::device::mem::MemDevice::new(32 * MIB));
     pwfs::mkfs(&*dev, &pwfs::MkfsOptions::default()).unwrap();
     // A tiny cache, so that eviction and write-back run during the sequence.
-    let config = || pwfs::Config { cache_bytes: 64 * 4096, ..test_config() };
+    let config = || pwfs::Config { cache_bytes: 64 * 4096, fetch, ..test_config() };
     let mut fs = Fs::mount(dev.clone(), config()).unwrap();
     let mut model = Model::new();
     for (i, op) in ops.iter().enumerate() {
@@ -330,7 +330,20 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
     #[test]
     fn random_sequences_match_the_model(ops in prop::collection::vec(op(""), 1..120)) {
-        check_sequence(&ops)?;
+        check_sequence(&ops, pwfs::FetchPolicy::Blocking)?;
+    }
+
+    /// The same under every non-blocking fetch policy (patches, deferred fetches).
+    #[test]
+    fn random_sequences_match_the_model_with_nbw(
+        ops in prop::collection::vec(op(""), 1..120),
+        policy in prop::sample::select(vec![
+            pwfs::FetchPolicy::AsyncForeground,
+            pwfs::FetchPolicy::AsyncBackground,
+            pwfs::FetchPolicy::Lazy,
+        ]),
+    ) {
+        check_sequence(&ops, policy)?;
     }
 }
 
@@ -344,9 +357,16 @@ fn threads_match_their_models() {
         // throttling race with the operations.
         let dev = Arc::new(pwfs::device::mem::MemDevice::new(64 * MIB));
         pwfs::mkfs(&*dev, &pwfs::MkfsOptions::default()).unwrap();
+        let policies = [
+            pwfs::FetchPolicy::Blocking,
+            pwfs::FetchPolicy::AsyncForeground,
+            pwfs::FetchPolicy::AsyncBackground,
+            pwfs::FetchPolicy::Lazy,
+        ];
         let config = pwfs::Config {
             cache_bytes: 96 * 4096,
             writeback_interval: Some(std::time::Duration::from_millis(5)),
+            fetch: policies[round as usize % 4],
             ..test_config()
         };
         let fs = Fs::mount(dev.clone(), config).unwrap();

@@ -18,7 +18,7 @@ pub mod meta;
 mod ops;
 
 use crate::cache::{Page, PageCache};
-use crate::config::Config;
+use crate::config::{Config, FetchPolicy};
 use crate::device::{AlignedBuf, Device, Op, OpKind};
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::{self as f, Superblock, BLOCK, BLOCK_SIZE};
@@ -71,6 +71,11 @@ pub(crate) struct FsInner {
     /// first page not yet queued for reading ahead; and the background reader's queue.
     ra_next: Mutex<std::collections::HashMap<u64, (u64, u64)>>,
     ra_queue: Mutex<Option<std::sync::mpsc::Sender<(u64, u64, u64)>>>,
+    /// Pages with patches for the fetcher thread (AsyncForeground/AsyncBackground).
+    fetch_queue: Mutex<Option<std::sync::mpsc::Sender<(u64, u64)>>>,
+    /// Files whose patches were lost to a failed fetch after their writes returned:
+    /// the next fsync of the file reports EIO (then the error is consumed).
+    pub fetch_errors: Mutex<std::collections::HashSet<u64>>,
     pub stats: FsStats,
 }
 
@@ -79,6 +84,30 @@ pub struct FsStats {
     pub data_writes: AtomicU64,
     pub data_reads: AtomicU64,
     pub fetches_for_partial_write: AtomicU64,
+    /// Non-blocking writes (mechanism 1).
+    pub patches_created: AtomicU64,
+    pub patches_merged: AtomicU64,
+    /// Pages that got data by being overwritten whole after patches: no fetch at all.
+    pub fetches_avoided: AtomicU64,
+    /// Fetches left to later (Lazy) or to the fetcher thread.
+    pub fetches_deferred: AtomicU64,
+    pub reads_from_patches: AtomicU64,
+    pub patch_memory_fallbacks: AtomicU64,
+    /// Bytes held in patches right now.
+    pub patch_bytes: std::sync::atomic::AtomicI64,
+}
+
+/// A copy of the non-blocking-write counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NbwStats {
+    pub patches_created: u64,
+    pub patches_merged: u64,
+    pub fetches_avoided: u64,
+    pub fetches_deferred: u64,
+    pub reads_from_patches: u64,
+    pub patch_memory_fallbacks: u64,
+    pub partial_write_fetches: u64,
+    pub patch_bytes: i64,
 }
 
 /// What the journal held at mount.
@@ -249,6 +278,8 @@ impl Fs {
             thread: Mutex::new(None),
             ra_next: Mutex::new(Default::default()),
             ra_queue: Mutex::new(None),
+            fetch_queue: Mutex::new(None),
+            fetch_errors: Mutex::new(Default::default()),
             stats: FsStats::default(),
             config,
         });
@@ -267,6 +298,15 @@ impl Fs {
                 .spawn(move || writeback_thread(weak, wake, every))
                 .map_err(|e| Error::io(format!("cannot start the write-back thread: {e}")))?;
             *inner.thread.lock() = Some(h);
+        }
+        if matches!(inner.config.fetch, FetchPolicy::AsyncForeground | FetchPolicy::AsyncBackground) {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let weak = Arc::downgrade(&inner);
+            std::thread::Builder::new()
+                .name("pwfs-fetcher".into())
+                .spawn(move || fetcher_thread(weak, rx))
+                .map_err(|e| Error::io(format!("cannot start the fetcher thread: {e}")))?;
+            *inner.fetch_queue.lock() = Some(tx);
         }
         if inner.config.readahead_pages > 0 {
             // Two readers, so that one request's bookkeeping overlaps the other's I/O.
@@ -323,6 +363,22 @@ impl Fs {
         (s.hits.load(Ordering::Relaxed), s.misses.load(Ordering::Relaxed), s.evictions.load(Ordering::Relaxed))
     }
 
+    /// Counters of the non-blocking writes (mechanism 1).
+    pub fn nbw_stats(&self) -> NbwStats {
+        let s = &self.inner.stats;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        NbwStats {
+            patches_created: l(&s.patches_created),
+            patches_merged: l(&s.patches_merged),
+            fetches_avoided: l(&s.fetches_avoided),
+            fetches_deferred: l(&s.fetches_deferred),
+            reads_from_patches: l(&s.reads_from_patches),
+            patch_memory_fallbacks: l(&s.patch_memory_fallbacks),
+            partial_write_fetches: l(&s.fetches_for_partial_write),
+            patch_bytes: s.patch_bytes.load(Ordering::Relaxed),
+        }
+    }
+
     pub fn journal_stats(&self) -> journal::JournalStats {
         self.inner.journal.lock().stats
     }
@@ -342,6 +398,19 @@ impl Drop for FsInner {
 
 /// Fetches the pages a sequential reader will ask for next, while it copies out
 /// the ones it has: the device works while the CPU does.
+/// Resolves pages with patches (reads their data, applies the patches) in the
+/// background, for the asynchronous fetch policies.
+fn fetcher_thread(fs: Weak<FsInner>, rx: std::sync::mpsc::Receiver<(u64, u64)>) {
+    while let Ok((ino, idx)) = rx.recv() {
+        let Some(inner) = fs.upgrade() else { return };
+        // As a reader: a truncate cannot drop the page between the check and the fetch.
+        let _g = inner.locks.read(ino);
+        if let Some(p) = inner.cache.get((ino, idx)) {
+            let _ = inner.resolve(ino, vec![p]);
+        }
+    }
+}
+
 type RaQueue = Arc<Mutex<std::sync::mpsc::Receiver<(u64, u64, u64)>>>;
 
 fn readahead_thread(fs: Weak<FsInner>, rx: RaQueue) {
@@ -456,6 +525,7 @@ impl FsInner {
 
     fn shutdown(&self) -> Result<()> {
         self.ra_queue.lock().take();
+        self.fetch_queue.lock().take();
         *self.wake.0.lock() = true;
         self.wake.1.notify_all();
         if let Some(h) = self.thread.lock().take() {
@@ -479,7 +549,8 @@ impl FsInner {
     fn free_unlinked(&self) -> Result<()> {
         let inos = std::mem::take(&mut self.meta.lock().to_free);
         for ino in inos {
-            self.cache.drop_from(ino, 0);
+            let dropped = self.cache.drop_from(ino, 0);
+            self.forget_pages(dropped);
             let mut m = self.meta.lock();
             // Reopened by inode number, or relinked, meanwhile: keep it.
             if m.open.get(&ino).copied().unwrap_or(0) == 0 && m.inode(ino)?.d.nlink == 0 {
@@ -590,6 +661,22 @@ impl FsInner {
         if pages.is_empty() {
             return Ok(false);
         }
+        // Pages with patches get their data first (a failed fetch is remembered for the
+        // file's next fsync; its page is dropped and not written).
+        let outdated: Vec<Arc<Page>> =
+            pages.iter().filter(|p| p.lock().state == crate::cache::PageState::Outdated).cloned().collect();
+        let mut by_ino: std::collections::BTreeMap<u64, Vec<Arc<Page>>> = Default::default();
+        for p in outdated {
+            by_ino.entry(p.key.0).or_default().push(p);
+        }
+        for (ino, ps) in by_ino {
+            let _ = self.resolve(ino, ps);
+        }
+        // A page another thread is fetching right now (its patches are applied when the
+        // data arrives) is waited for: it must not leave the dirty set unwritten.
+        for p in &pages {
+            drop(p.wait());
+        }
         // Pages are prepared (mapped, allocated, turned into requests) a chunk at a
         // time, while the device writes the chunks before: the bookkeeping of write-back
         // overlaps its I/O instead of leaving the device idle.
@@ -639,8 +726,19 @@ impl FsInner {
     ) -> Vec<Op> {
         let mut items: Vec<(Arc<Page>, AlignedBuf)> = Vec::with_capacity(chunk.len());
         for p in chunk {
-            if let Some(buf) = p.begin_writeback() {
-                items.push((p, buf));
+            match p.begin_writeback() {
+                Some(buf) => items.push((p, buf)),
+                // Not writable now but still holding unwritten changes (it got patches
+                // again meanwhile): it stays dirty for the next write-back.
+                None => {
+                    let g = p.lock();
+                    let pending =
+                        matches!(g.state, crate::cache::PageState::Outdated | crate::cache::PageState::Fetching);
+                    if pending && !g.failed {
+                        drop(g);
+                        self.cache.mark_dirty(p.key);
+                    }
+                }
             }
         }
         // A page dropped from the cache meanwhile (truncate, delete) has nothing to write.
@@ -747,6 +845,52 @@ impl FsInner {
 
     // ------------------------------------------------------------ page fetch
 
+    /// A fetch failed: waiters get EIO, the page leaves the cache, and if writes had
+    /// already returned with patches on it, the file's next fsync reports the loss.
+    fn fail_page(&self, ino: u64, page: &Page) {
+        let lost: usize = page.lock().patches.iter().map(|p| p.data.len()).sum();
+        if lost > 0 {
+            self.stats.patch_bytes.fetch_sub(lost as i64, Ordering::Relaxed);
+            self.fetch_errors.lock().insert(ino);
+        }
+        self.cache.fail(page);
+    }
+
+    /// Settle the patch accounting of pages dropped from the cache (truncate, delete).
+    pub fn forget_pages(&self, pages: Vec<Arc<Page>>) {
+        for p in pages {
+            let n: usize = p.lock().patches.iter().map(|p| p.data.len()).sum();
+            self.stats.patch_bytes.fetch_sub(n as i64, Ordering::Relaxed);
+        }
+    }
+
+    /// Fetch the data of pages that hold patches, apply the patches, and make them
+    /// ordinary dirty pages. Pages already being fetched are waited for.
+    pub fn resolve(&self, ino: u64, pages: Vec<Arc<Page>>) -> Result<()> {
+        let mut claimed = Vec::new();
+        for p in pages {
+            let mut g = p.lock();
+            if g.state == crate::cache::PageState::Outdated {
+                g.state = crate::cache::PageState::Fetching;
+                drop(g);
+                claimed.push(p);
+            }
+        }
+        self.fetch(ino, claimed)
+    }
+
+    /// Whether `n` more bytes of patches fit in the configured patch memory.
+    pub fn patch_room(&self, n: usize) -> bool {
+        self.stats.patch_bytes.load(Ordering::Relaxed) + n as i64 <= self.config.patch_bytes as i64
+    }
+
+    /// Queue a page with patches for the fetcher thread.
+    pub fn queue_fetch(&self, ino: u64, idx: u64) {
+        if let Some(q) = &*self.fetch_queue.lock() {
+            let _ = q.send((ino, idx));
+        }
+    }
+
     /// Read the given freshly inserted (Fetching) pages of `ino` from the device, or
     /// zero-fill the ones that map to no block. On error every page is failed.
     pub fn fetch(&self, ino: u64, pages: Vec<Arc<Page>>) -> Result<()> {
@@ -760,7 +904,7 @@ impl FsInner {
         let maps = match maps {
             Ok(v) => v,
             Err(e) => {
-                pages.iter().for_each(|p| self.cache.fail(p));
+                pages.iter().for_each(|p| self.fail_page(ino, p));
                 return Err(e);
             }
         };
@@ -770,7 +914,8 @@ impl FsInner {
         for (i, (p, b)) in pages.iter().zip(&maps).enumerate() {
             let Some(b) = *b else {
                 let g = p.lock();
-                p.complete(g, self.dev.alloc_zeroed(BLOCK_SIZE));
+                let applied = p.complete(g, self.dev.alloc_zeroed(BLOCK_SIZE));
+                self.stats.patch_bytes.fetch_sub(applied as i64, Ordering::Relaxed);
                 last = None;
                 continue;
             };
@@ -794,11 +939,14 @@ impl FsInner {
                 Ok(()) => {
                     for (buf, i) in d.bufs.into_iter().zip(own) {
                         let g = pages[i].lock();
-                        pages[i].complete(g, buf);
+                        let applied = pages[i].complete(g, buf);
+                        self.stats.patch_bytes.fetch_sub(applied as i64, Ordering::Relaxed);
                     }
                 }
                 Err(e) => {
-                    own.iter().for_each(|i| self.cache.fail(&pages[*i]));
+                    for i in own {
+                        self.fail_page(ino, &pages[i]);
+                    }
                     err = Some(Error::from(e));
                 }
             }

@@ -616,13 +616,24 @@ impl Fs {
         self.inner.fetch(ino, missing)?;
         let mut done = 0;
         for p in pages {
-            let g = p.wait();
-            if g.failed {
-                return Err(Error::io("read of a page failed"));
-            }
             let pos = offset + done as u64;
             let in_page = (pos % BLOCK) as usize;
             let n = (BLOCK_SIZE - in_page).min(len - done);
+            let mut g = p.wait();
+            if g.state == PageState::Outdated {
+                // Non-blocking read: served from the patches when they hold every byte.
+                if g.read_patches(in_page, &mut buf[done..done + n]) {
+                    self.inner.stats.reads_from_patches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    done += n;
+                    continue;
+                }
+                drop(g);
+                self.inner.resolve(ino, vec![p.clone()])?;
+                g = p.wait();
+            }
+            if g.failed {
+                return Err(Error::io("read of a page failed"));
+            }
             buf[done..done + n].copy_from_slice(&g.data()[in_page..in_page + n]);
             done += n;
         }
@@ -669,22 +680,46 @@ impl Fs {
         let pages = self.inner.cache.get_or_insert_range(ino, first, last - first + 1);
         let mut result = Ok(());
         let mut dirtied = first;
+        let nbw = self.inner.config.fetch != crate::FetchPolicy::Blocking;
+        let relaxed = std::sync::atomic::Ordering::Relaxed;
         for ((p, new), idx) in pages.into_iter().zip(first..) {
             let pstart = idx * BLOCK;
             let from = offset.max(pstart);
             let to = end.min(pstart + BLOCK);
+            let (n, at) = ((to - from) as usize, (from - pstart) as usize);
+            let chunk = &data[copied..copied + n];
+            let whole = from == pstart && to == pstart + BLOCK;
             if new {
-                // A whole-page write or a page at or past EOF needs no read; any other
-                // partial write fetches the page first (FetchPolicy::Blocking).
-                let whole = from == pstart && to == pstart + BLOCK;
+                // A whole-page write or a page at or past EOF needs no read. Any other
+                // partial write to a page not in memory becomes a patch and returns at
+                // once (non-blocking writes), or reads the page first (Blocking, or when
+                // patch memory is full).
                 if whole {
                     let g = p.lock();
                     p.complete(g, self.inner.dev.alloc(BLOCK_SIZE));
                 } else if pstart >= size {
                     let g = p.lock();
                     p.complete(g, self.inner.dev.alloc_zeroed(BLOCK_SIZE));
+                } else if nbw && self.inner.patch_room(n) {
+                    let mut g = p.lock();
+                    g.state = PageState::Outdated;
+                    let delta = g.add_patch(at, chunk);
+                    drop(g);
+                    p.notify();
+                    self.inner.stats.patch_bytes.fetch_add(delta as i64, relaxed);
+                    self.inner.stats.patches_created.fetch_add(1, relaxed);
+                    self.inner.stats.fetches_deferred.fetch_add(1, relaxed);
+                    if self.inner.config.fetch != crate::FetchPolicy::Lazy {
+                        self.inner.queue_fetch(ino, idx);
+                    }
+                    copied += n;
+                    dirtied = idx + 1;
+                    continue;
                 } else {
-                    self.inner.stats.fetches_for_partial_write.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if nbw {
+                        self.inner.stats.patch_memory_fallbacks.fetch_add(1, relaxed);
+                    }
+                    self.inner.stats.fetches_for_partial_write.fetch_add(1, relaxed);
                     if let Err(e) = self.inner.fetch(ino, vec![p.clone()]) {
                         result = Err(e);
                         break;
@@ -692,13 +727,43 @@ impl Fs {
                 }
             }
             let mut g = p.wait();
+            if g.state == PageState::Outdated {
+                if self.inner.patch_room(n) {
+                    let count = g.patches.len();
+                    let delta = g.add_patch(at, chunk);
+                    let merged = g.patches.len() <= count;
+                    let c = if merged { &self.inner.stats.patches_merged } else { &self.inner.stats.patches_created };
+                    c.fetch_add(1, relaxed);
+                    self.inner.stats.patch_bytes.fetch_add(delta as i64, relaxed);
+                    // Every byte now written: the page needs no fetch at all.
+                    if g.patches.len() == 1 && g.patches[0].data.len() == BLOCK_SIZE {
+                        let full = g.patches.pop().expect("one patch");
+                        let mut buf = self.inner.dev.alloc(BLOCK_SIZE);
+                        buf.copy_from_slice(&full.data);
+                        g.buf = Some(buf);
+                        g.state = PageState::Dirty;
+                        drop(g);
+                        p.notify();
+                        self.inner.stats.patch_bytes.fetch_sub(BLOCK_SIZE as i64, relaxed);
+                        self.inner.stats.fetches_avoided.fetch_add(1, relaxed);
+                    }
+                    copied += n;
+                    dirtied = idx + 1;
+                    continue;
+                }
+                drop(g);
+                self.inner.stats.patch_memory_fallbacks.fetch_add(1, relaxed);
+                if let Err(e) = self.inner.resolve(ino, vec![p.clone()]) {
+                    result = Err(e);
+                    break;
+                }
+                g = p.wait();
+            }
             if g.failed {
                 result = Err(Error::io("fetch of a page for a partial write failed"));
                 break;
             }
-            let n = (to - from) as usize;
-            let at = (from - pstart) as usize;
-            g.data_mut()[at..at + n].copy_from_slice(&data[copied..copied + n]);
+            g.data_mut()[at..at + n].copy_from_slice(chunk);
             g.state = PageState::Dirty;
             drop(g);
             copied += n;
@@ -748,7 +813,8 @@ impl Fs {
         };
         if size < old {
             let keep = size.div_ceil(BLOCK);
-            self.inner.cache.drop_from(ino, keep);
+            let dropped = self.inner.cache.drop_from(ino, keep);
+            self.inner.forget_pages(dropped);
             // Bytes past EOF in the last block stay zero on disk and in cache.
             if !size.is_multiple_of(BLOCK) {
                 let idx = size / BLOCK;
@@ -757,6 +823,11 @@ impl Fs {
                     self.inner.fetch(ino, vec![p.clone()])?;
                 }
                 let mut g = p.wait();
+                if g.state == PageState::Outdated {
+                    drop(g);
+                    self.inner.resolve(ino, vec![p.clone()])?;
+                    g = p.wait();
+                }
                 if g.failed {
                     return Err(Error::io("fetch of the last page failed"));
                 }
@@ -811,6 +882,16 @@ impl Fs {
     /// the data in place and flushes: times need not be durable (POSIX), so a durable
     /// overwrite costs one data write and one flush, with no journal I/O.
     pub fn fsync(&self, ino: u64, datasync: bool) -> Result<()> {
+        let r = self.fsync_inner(ino, datasync);
+        // Writes that returned before their page could be read, and whose read then
+        // failed, are reported here, once (errseq-style), never dropped.
+        if self.inner.fetch_errors.lock().remove(&ino) {
+            return Err(Error::io("data written earlier was lost: reading its page failed"));
+        }
+        r
+    }
+
+    fn fsync_inner(&self, ino: u64, datasync: bool) -> Result<()> {
         if !datasync {
             return self.inner.commit();
         }

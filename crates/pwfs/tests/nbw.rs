@@ -1,0 +1,169 @@
+//! Non-blocking writes (mechanism 1): a partial write to a page that is not in memory
+//! becomes a patch and returns without reading the device; reads covered by patches
+//! need no I/O; fsync makes everything durable; a fetch that fails after the write
+//! returned is reported by the next fsync.
+
+mod common;
+use common::*;
+use pwfs::device::sim::{SimConfig, SimDevice};
+use pwfs::{Config, FetchPolicy, Fs, MkfsOptions, OpenOptions};
+use std::sync::Arc;
+
+const POLICIES: [FetchPolicy; 4] =
+    [FetchPolicy::Blocking, FetchPolicy::AsyncForeground, FetchPolicy::AsyncBackground, FetchPolicy::Lazy];
+
+fn cold_file(policy: FetchPolicy) -> (Arc<SimDevice>, Fs, Vec<u8>) {
+    let image = formatted_image(16 * MIB, &MkfsOptions::default());
+    let dev = Arc::new(SimDevice::new(image, SimConfig::default()));
+    let fs = Fs::mount(dev.clone(), Config { fetch: policy, ..test_config() }).unwrap();
+    let data: Vec<u8> = (0..64 * 1024).map(|i| (i % 251) as u8).collect();
+    fs.write_file("/f", &data).unwrap();
+    fs.evict_cache().unwrap();
+    (dev, fs, data)
+}
+
+#[test]
+fn partial_write_to_a_cold_page_does_not_read_under_lazy() {
+    let (dev, fs, mut data) = cold_file(FetchPolicy::Lazy);
+    let f = OpenOptions::new().read(true).write(true).open(&fs, "/f").unwrap();
+    let reads = dev.stats().reads;
+    f.write_at(b"patched!", 5000).unwrap();
+    data[5000..5008].copy_from_slice(b"patched!");
+    assert_eq!(dev.stats().reads, reads, "the write returned without reading");
+    // A read wholly covered by the patch is served from it.
+    let mut b = [0u8; 8];
+    f.read_at(&mut b, 5000).unwrap();
+    assert_eq!(&b, b"patched!");
+    assert_eq!(dev.stats().reads, reads, "and so is a read of the patched bytes");
+    let s = fs.nbw_stats();
+    assert_eq!((s.patches_created, s.reads_from_patches), (1, 1));
+    // A read that needs other bytes of the page fetches it and sees both.
+    let mut b = vec![0u8; 100];
+    f.read_at(&mut b, 4990).unwrap();
+    assert_eq!(&b[..], &data[4990..5090]);
+    assert!(dev.stats().reads > reads);
+    f.sync_all().unwrap();
+    drop(f);
+    fs.unmount().unwrap();
+    let (fs2_dev, fs2) = (dev.clone(), Fs::mount(dev.clone(), test_config()).unwrap());
+    assert_eq!(fs2.read_file("/f").unwrap(), data);
+    fs2.unmount().unwrap();
+    fsck_clean(&*fs2_dev);
+}
+
+#[test]
+fn overwriting_the_whole_page_cancels_the_fetch() {
+    let (dev, fs, mut data) = cold_file(FetchPolicy::Lazy);
+    let f = OpenOptions::new().read(true).write(true).open(&fs, "/f").unwrap();
+    let reads = dev.stats().reads;
+    f.write_at(&[7u8; 100], 8192 + 50).unwrap();
+    f.write_at(&[8u8; 50], 8192 + 120).unwrap(); // overlaps: merged, later bytes win
+    f.write_at(&[9u8; 4096], 8192).unwrap();
+    data[8192..12288].fill(9);
+    assert_eq!(dev.stats().reads, reads);
+    let s = fs.nbw_stats();
+    assert_eq!(s.fetches_avoided, 1);
+    assert_eq!(s.patch_bytes, 0, "no patch memory left behind");
+    f.sync_all().unwrap();
+    assert_eq!(dev.stats().reads, reads, "fsync had nothing to fetch");
+    assert_eq!(fs.read_file("/f").unwrap(), data);
+}
+
+#[test]
+fn overlapping_patches_keep_the_last_writer() {
+    for policy in POLICIES {
+        let (_dev, fs, mut data) = cold_file(policy);
+        let f = OpenOptions::new().read(true).write(true).open(&fs, "/f").unwrap();
+        let writes: [(u64, &[u8]); 5] =
+            [(100, b"aaaaaaaa"), (104, b"bbbb"), (90, b"cccccccccccc"), (300, b"dd"), (101, b"e")];
+        for (off, w) in writes {
+            f.write_at(w, off).unwrap();
+            data[off as usize..off as usize + w.len()].copy_from_slice(w);
+        }
+        assert_eq!(fs.read_file("/f").unwrap(), data, "{policy:?}");
+        f.sync_all().unwrap();
+        fs.evict_cache().unwrap();
+        assert_eq!(fs.read_file("/f").unwrap(), data, "{policy:?} after write-back");
+    }
+}
+
+#[test]
+fn a_failed_fetch_after_the_write_returned_is_reported_by_fsync() {
+    let (dev, fs, _) = cold_file(FetchPolicy::Lazy);
+    let f = OpenOptions::new().read(true).write(true).open(&fs, "/f").unwrap();
+    f.write_at(b"lost", 20_000).unwrap();
+    dev.set_config(SimConfig { read_fail: 1.0, ..Default::default() });
+    let e = f.sync_all().unwrap_err();
+    assert_eq!(e.errno(), libc::EIO, "{e}");
+    dev.set_config(SimConfig::default());
+    f.sync_all().unwrap();
+    assert!(fs.poisoned().is_none(), "a failed read does not poison");
+}
+
+#[test]
+fn patch_memory_is_bounded() {
+    let image = formatted_image(16 * MIB, &MkfsOptions::default());
+    let dev = Arc::new(SimDevice::new(image, SimConfig::default()));
+    let config = Config { fetch: FetchPolicy::Lazy, patch_bytes: 1000, ..test_config() };
+    let fs = Fs::mount(dev.clone(), config).unwrap();
+    let data = vec![3u8; 64 * 1024];
+    fs.write_file("/f", &data).unwrap();
+    fs.evict_cache().unwrap();
+    let f = OpenOptions::new().read(true).write(true).open(&fs, "/f").unwrap();
+    for i in 0..10u64 {
+        f.write_at(&[1u8; 300], i * 4096 + 7).unwrap();
+    }
+    let s = fs.nbw_stats();
+    assert!(s.patches_created <= 3 && s.patch_memory_fallbacks >= 7, "{s:?}");
+    assert!(s.patch_bytes <= 1000);
+    f.sync_all().unwrap();
+    assert_eq!(fs.nbw_stats().patch_bytes, 0);
+}
+
+#[test]
+fn truncate_clips_patches_and_stat_shows_the_size() {
+    for policy in POLICIES {
+        let (_dev, fs, mut data) = cold_file(policy);
+        let f = OpenOptions::new().read(true).write(true).open(&fs, "/f").unwrap();
+        f.write_at(b"xyz", 30_000).unwrap();
+        f.write_at(b"tail", 64 * 1024 + 10).unwrap(); // past EOF: no fetch, zero fill
+        assert_eq!(f.metadata().unwrap().size, 64 * 1024 + 14);
+        f.set_len(30_001).unwrap();
+        data.truncate(30_001);
+        data[30_000] = b'x';
+        assert_eq!(fs.read_file("/f").unwrap(), data, "{policy:?}");
+        f.sync_all().unwrap();
+        assert_eq!(fs.nbw_stats().patch_bytes, 0, "{policy:?}");
+    }
+}
+
+#[test]
+fn readers_and_writers_on_the_same_pages_under_every_policy() {
+    for policy in POLICIES {
+        let (_dev, fs, _) = cold_file(policy);
+        let threads: Vec<_> = (0..3u8)
+            .map(|t| {
+                let fs = fs.clone();
+                std::thread::spawn(move || {
+                    let f = OpenOptions::new().read(true).write(true).open(&fs, "/f").unwrap();
+                    let mut buf = vec![0u8; 700];
+                    for i in 0..200u64 {
+                        // Thread t owns bytes [t*20000, t*20000+20000); other threads read anywhere.
+                        let off = t as u64 * 20_000 + (i * 389) % 19_000;
+                        let v = (i % 200) as u8 + t * 10;
+                        f.write_at(&[v; 700], off).unwrap();
+                        f.read_at(&mut buf, off).unwrap();
+                        assert!(buf.iter().all(|b| *b == v), "{policy:?} thread {t} iteration {i}");
+                        let mut other = vec![0u8; 5000];
+                        f.read_at(&mut other, (i * 7919) % 60_000).unwrap();
+                        if i % 50 == 0 {
+                            fs.evict_cache().unwrap();
+                        }
+                    }
+                })
+            })
+            .collect();
+        threads.into_iter().for_each(|h| h.join().unwrap());
+        fs.sync().unwrap();
+    }
+}
