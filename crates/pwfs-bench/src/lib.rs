@@ -9,10 +9,13 @@
 //! - `fuse`: untar, 4 KiB random writes with fsync every 64, cold 4 KiB random reads,
 //!   1 MiB sequential write and read, `git status` over 10,000 files; on a pwfs FUSE
 //!   mount against ext4 on the same disk.
+//! - `nbw`: the non-blocking-writes experiment: five Filebench personalities × six
+//!   I/O sizes, fetch policies Blocking/Async-FG/Async-BG/Lazy against ext4, cold.
 
 pub mod basic;
 pub mod fuse;
 pub mod kernel;
+pub mod nbw;
 pub mod report;
 
 pub use report::{Report, Row};

@@ -112,6 +112,8 @@ enum Workload {
     Basic,
     /// Untar, random writes with fsync, reads, sequential I/O, git status: a FUSE mount vs ext4.
     Fuse,
+    /// Non-blocking writes: personalities × I/O sizes under every fetch policy vs ext4 (+ SVG).
+    Nbw,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -239,6 +241,13 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             let (name, r) = match workload {
                 Workload::Basic => ("basic", pwfs_bench::basic::run(&opts, &mut |s| eprintln!("bench basic: {s}..."))?),
                 Workload::Fuse => ("fuse", pwfs_bench::fuse::run(&opts, &mut |s| eprintln!("bench fuse: {s}..."))?),
+                Workload::Nbw => {
+                    let (r, svg) = pwfs_bench::nbw::run(&opts, &mut |s| eprintln!("bench nbw: {s}..."))?;
+                    let plot = dir.join("nbw.svg");
+                    std::fs::write(&plot, svg).map_err(|e| format!("{}: {e}", plot.display()))?;
+                    println!("plot: {}", plot.display());
+                    ("nbw", r)
+                }
             };
             print!("{}", r.table());
             let json = json.unwrap_or_else(|| dir.join(format!("{name}.json")));

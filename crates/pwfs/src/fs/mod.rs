@@ -401,12 +401,22 @@ impl Drop for FsInner {
 /// Resolves pages with patches (reads their data, applies the patches) in the
 /// background, for the asynchronous fetch policies.
 fn fetcher_thread(fs: Weak<FsInner>, rx: std::sync::mpsc::Receiver<(u64, u64)>) {
-    while let Ok((ino, idx)) = rx.recv() {
+    while let Ok(first) = rx.recv() {
+        // Everything queued meanwhile goes to the device in one batch.
+        let mut batch: std::collections::BTreeMap<u64, Vec<u64>> = Default::default();
+        batch.entry(first.0).or_default().push(first.1);
+        while let Ok((ino, idx)) = rx.try_recv() {
+            batch.entry(ino).or_default().push(idx);
+            if batch.values().map(Vec::len).sum::<usize>() >= 256 {
+                break;
+            }
+        }
         let Some(inner) = fs.upgrade() else { return };
-        // As a reader: a truncate cannot drop the page between the check and the fetch.
-        let _g = inner.locks.read(ino);
-        if let Some(p) = inner.cache.get((ino, idx)) {
-            let _ = inner.resolve(ino, vec![p]);
+        for (ino, idxs) in batch {
+            // As a reader: a truncate cannot drop a page between the check and the fetch.
+            let _g = inner.locks.read(ino);
+            let pages: Vec<Arc<Page>> = idxs.into_iter().filter_map(|i| inner.cache.get((ino, i))).collect();
+            let _ = inner.resolve(ino, pages);
         }
     }
 }
@@ -495,7 +505,10 @@ impl FsInner {
     /// flight while the reader copies (measured: one window ahead left the device
     /// idle between requests; see docs/BENCHMARKS.md).
     pub fn readahead(&self, ino: u64, offset: u64, len: u64, size: u64) {
-        let window = self.config.readahead_pages.max(len.div_ceil(BLOCK));
+        // Up to five windows may be queued ahead: keep them well inside the cache, or
+        // readahead evicts what the reader is about to read.
+        let cap = (self.cache.capacity() as u64 / 16).max(1);
+        let window = self.config.readahead_pages.min(cap).max(len.div_ceil(BLOCK));
         if self.config.readahead_pages == 0 {
             return;
         }
