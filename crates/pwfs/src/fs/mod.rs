@@ -67,6 +67,9 @@ pub(crate) struct FsInner {
     /// Writers over the dirty limit wait here for the write-back thread.
     throttle: (Mutex<()>, Condvar),
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Readahead and fetcher threads: joined at shutdown, so that none of them still
+    /// holds the file system (and its device, and the image lock) after an unmount.
+    helpers: Mutex<Vec<JoinHandle<()>>>,
     /// Readahead: per file, where its sequential reader is expected next and the
     /// first page not yet queued for reading ahead; and the background reader's queue.
     ra_next: Mutex<std::collections::HashMap<u64, (u64, u64)>>,
@@ -276,6 +279,7 @@ impl Fs {
             kick: Default::default(),
             throttle: (Mutex::new(()), Condvar::new()),
             thread: Mutex::new(None),
+            helpers: Mutex::new(Vec::new()),
             ra_next: Mutex::new(Default::default()),
             ra_queue: Mutex::new(None),
             fetch_queue: Mutex::new(None),
@@ -302,10 +306,11 @@ impl Fs {
         if matches!(inner.config.fetch, FetchPolicy::AsyncForeground | FetchPolicy::AsyncBackground) {
             let (tx, rx) = std::sync::mpsc::channel();
             let weak = Arc::downgrade(&inner);
-            std::thread::Builder::new()
+            let h = std::thread::Builder::new()
                 .name("pwfs-fetcher".into())
                 .spawn(move || fetcher_thread(weak, rx))
                 .map_err(|e| Error::io(format!("cannot start the fetcher thread: {e}")))?;
+            inner.helpers.lock().push(h);
             *inner.fetch_queue.lock() = Some(tx);
         }
         if inner.config.readahead_pages > 0 {
@@ -314,10 +319,11 @@ impl Fs {
             let rx = Arc::new(Mutex::new(rx));
             for _ in 0..2 {
                 let (weak, rx) = (Arc::downgrade(&inner), rx.clone());
-                std::thread::Builder::new()
+                let h = std::thread::Builder::new()
                     .name("pwfs-readahead".into())
                     .spawn(move || readahead_thread(weak, rx))
                     .map_err(|e| Error::io(format!("cannot start the readahead thread: {e}")))?;
+                inner.helpers.lock().push(h);
             }
             *inner.ra_queue.lock() = Some(tx);
         }
@@ -541,8 +547,15 @@ impl FsInner {
         self.fetch_queue.lock().take();
         *self.wake.0.lock() = true;
         self.wake.1.notify_all();
+        let me = std::thread::current().id();
         if let Some(h) = self.thread.lock().take() {
-            if h.thread().id() != std::thread::current().id() {
+            if h.thread().id() != me {
+                let _ = h.join();
+            }
+        }
+        // Their queues are closed: they finish what they hold and exit.
+        for h in std::mem::take(&mut *self.helpers.lock()) {
+            if h.thread().id() != me {
                 let _ = h.join();
             }
         }
