@@ -118,6 +118,7 @@ fn patch_memory_is_bounded() {
     assert!(s.patch_bytes <= 1000);
     f.sync_all().unwrap();
     assert_eq!(fs.nbw_stats().patch_bytes, 0);
+    assert_eq!(fs.nbw_stats().patched_pages, 0);
 }
 
 #[test]
@@ -134,6 +135,7 @@ fn truncate_clips_patches_and_stat_shows_the_size() {
         assert_eq!(fs.read_file("/f").unwrap(), data, "{policy:?}");
         f.sync_all().unwrap();
         assert_eq!(fs.nbw_stats().patch_bytes, 0, "{policy:?}");
+        assert_eq!(fs.nbw_stats().patched_pages, 0, "{policy:?}");
     }
 }
 
@@ -165,5 +167,7 @@ fn readers_and_writers_on_the_same_pages_under_every_policy() {
             .collect();
         threads.into_iter().for_each(|h| h.join().unwrap());
         fs.sync().unwrap();
+        let s = fs.nbw_stats();
+        assert_eq!((s.patch_bytes, s.patched_pages), (0, 0), "{policy:?}: accounting settles");
     }
 }

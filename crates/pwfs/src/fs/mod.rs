@@ -98,6 +98,10 @@ pub struct FsStats {
     pub patch_memory_fallbacks: AtomicU64,
     /// Bytes held in patches right now.
     pub patch_bytes: std::sync::atomic::AtomicI64,
+    /// Pages holding patches and no data right now (they are dirty but hold no page
+    /// buffer, so they do not count against the dirty-page limit; patch memory bounds
+    /// them instead).
+    pub patched_pages: std::sync::atomic::AtomicI64,
 }
 
 /// A copy of the non-blocking-write counters.
@@ -111,6 +115,7 @@ pub struct NbwStats {
     pub patch_memory_fallbacks: u64,
     pub partial_write_fetches: u64,
     pub patch_bytes: i64,
+    pub patched_pages: i64,
 }
 
 /// What the journal held at mount.
@@ -382,6 +387,7 @@ impl Fs {
             patch_memory_fallbacks: l(&s.patch_memory_fallbacks),
             partial_write_fetches: l(&s.fetches_for_partial_write),
             patch_bytes: s.patch_bytes.load(Ordering::Relaxed),
+            patched_pages: s.patched_pages.load(Ordering::Relaxed),
         }
     }
 
@@ -471,7 +477,7 @@ fn writeback_thread(fs: Weak<FsInner>, wake: Arc<(Mutex<bool>, Condvar)>, every:
                     // Under the lock the writers check under: no wake-up is lost.
                     drop(inner.throttle.0.lock());
                     inner.throttle.1.notify_all();
-                    if r.is_err() || (inner.cache.dirty_count() as f64) < low {
+                    if r.is_err() || (inner.dirty_pages() as f64) < low {
                         break;
                     }
                 }
@@ -643,7 +649,7 @@ impl FsInner {
     /// writes while the caller goes on filling the cache.
     pub fn maybe_commit(&self) -> Result<()> {
         let big = self.meta.lock().tx_blocks() >= self.journal.lock().max_images();
-        let dirty = self.cache.dirty_count() as f64;
+        let dirty = self.dirty_pages() as f64;
         let limit = self.cache.capacity() as f64 * self.config.dirty_ratio;
         if big {
             return self.commit();
@@ -660,7 +666,7 @@ impl FsInner {
             // here if that takes too long.
             let mut g = self.throttle.0.lock();
             let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
-            while (self.cache.dirty_count() as f64) >= limit {
+            while (self.dirty_pages() as f64) >= limit {
                 self.kick.store(true, Ordering::Relaxed);
                 self.wake.1.notify_all();
                 if self.throttle.1.wait_until(&mut g, deadline).timed_out() {
@@ -670,6 +676,13 @@ impl FsInner {
             }
         }
         Ok(())
+    }
+
+    /// Dirty pages that hold a page buffer (pages with only patches are bounded by
+    /// patch memory instead).
+    pub fn dirty_pages(&self) -> usize {
+        let patched = self.stats.patched_pages.load(Ordering::Relaxed).max(0) as usize;
+        self.cache.dirty_count().saturating_sub(patched)
     }
 
     /// Write dirty data home without committing: frees the cache for more writes.
@@ -877,16 +890,28 @@ impl FsInner {
         let lost: usize = page.lock().patches.iter().map(|p| p.data.len()).sum();
         if lost > 0 {
             self.stats.patch_bytes.fetch_sub(lost as i64, Ordering::Relaxed);
+            self.stats.patched_pages.fetch_sub(1, Ordering::Relaxed);
             self.fetch_errors.lock().insert(ino);
         }
         self.cache.fail(page);
+    }
+
+    /// A page's patches (`applied` bytes, 0 if it had none) were applied to its data.
+    fn settle_patches(&self, applied: usize) {
+        if applied > 0 {
+            self.stats.patch_bytes.fetch_sub(applied as i64, Ordering::Relaxed);
+            self.stats.patched_pages.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     /// Settle the patch accounting of pages dropped from the cache (truncate, delete).
     pub fn forget_pages(&self, pages: Vec<Arc<Page>>) {
         for p in pages {
             let n: usize = p.lock().patches.iter().map(|p| p.data.len()).sum();
-            self.stats.patch_bytes.fetch_sub(n as i64, Ordering::Relaxed);
+            if n > 0 {
+                self.stats.patch_bytes.fetch_sub(n as i64, Ordering::Relaxed);
+                self.stats.patched_pages.fetch_sub(1, Ordering::Relaxed);
+            }
         }
     }
 
@@ -941,7 +966,7 @@ impl FsInner {
             let Some(b) = *b else {
                 let g = p.lock();
                 let applied = p.complete(g, self.dev.alloc_zeroed(BLOCK_SIZE));
-                self.stats.patch_bytes.fetch_sub(applied as i64, Ordering::Relaxed);
+                self.settle_patches(applied);
                 last = None;
                 continue;
             };
@@ -966,7 +991,7 @@ impl FsInner {
                     for (buf, i) in d.bufs.into_iter().zip(own) {
                         let g = pages[i].lock();
                         let applied = pages[i].complete(g, buf);
-                        self.stats.patch_bytes.fetch_sub(applied as i64, Ordering::Relaxed);
+                        self.settle_patches(applied);
                     }
                 }
                 Err(e) => {

@@ -707,6 +707,7 @@ impl Fs {
                     drop(g);
                     p.notify();
                     self.inner.stats.patch_bytes.fetch_add(delta as i64, relaxed);
+                    self.inner.stats.patched_pages.fetch_add(1, relaxed);
                     self.inner.stats.patches_created.fetch_add(1, relaxed);
                     self.inner.stats.fetches_deferred.fetch_add(1, relaxed);
                     if self.inner.config.fetch != crate::FetchPolicy::Lazy {
@@ -745,6 +746,7 @@ impl Fs {
                         drop(g);
                         p.notify();
                         self.inner.stats.patch_bytes.fetch_sub(BLOCK_SIZE as i64, relaxed);
+                        self.inner.stats.patched_pages.fetch_sub(1, relaxed);
                         self.inner.stats.fetches_avoided.fetch_add(1, relaxed);
                     }
                     copied += n;
