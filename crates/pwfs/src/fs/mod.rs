@@ -471,13 +471,12 @@ fn writeback_thread(fs: Weak<FsInner>, wake: Arc<(Mutex<bool>, Condvar)>, every:
             if inner.kick.swap(false, Ordering::Relaxed) {
                 // Write back until well under the limit, waking throttled writers
                 // after every round.
-                let low = inner.cache.capacity() as f64 * inner.config.dirty_ratio / 4.0;
                 loop {
                     let r = inner.writeback();
                     // Under the lock the writers check under: no wake-up is lost.
                     drop(inner.throttle.0.lock());
                     inner.throttle.1.notify_all();
-                    if r.is_err() || (inner.dirty_pages() as f64) < low {
+                    if r.is_err() || inner.pressure() < 0.25 {
                         break;
                     }
                 }
@@ -649,15 +648,14 @@ impl FsInner {
     /// writes while the caller goes on filling the cache.
     pub fn maybe_commit(&self) -> Result<()> {
         let big = self.meta.lock().tx_blocks() >= self.journal.lock().max_images();
-        let dirty = self.dirty_pages() as f64;
-        let limit = self.cache.capacity() as f64 * self.config.dirty_ratio;
         if big {
             return self.commit();
         }
-        if dirty >= limit / 2.0 && !self.kick.swap(true, Ordering::Relaxed) {
+        let pressure = self.pressure();
+        if pressure >= 0.5 && !self.kick.swap(true, Ordering::Relaxed) {
             self.wake.1.notify_all();
         }
-        if dirty >= limit {
+        if pressure >= 1.0 {
             if self.config.writeback_interval.is_none() {
                 return self.writeback();
             }
@@ -666,7 +664,7 @@ impl FsInner {
             // here if that takes too long.
             let mut g = self.throttle.0.lock();
             let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
-            while (self.dirty_pages() as f64) >= limit {
+            while self.pressure() >= 1.0 {
                 self.kick.store(true, Ordering::Relaxed);
                 self.wake.1.notify_all();
                 if self.throttle.1.wait_until(&mut g, deadline).timed_out() {
@@ -676,6 +674,18 @@ impl FsInner {
             }
         }
         Ok(())
+    }
+
+    /// How full the cache is of changes not yet written: dirty pages against the
+    /// dirty limit, or patch bytes against patch memory, whichever is fuller (1.0 is
+    /// at the limit). Write-back starts at 0.5 and writers wait at 1.0; a Lazy fetch
+    /// happens here, under patch-memory pressure.
+    pub fn pressure(&self) -> f64 {
+        let limit = self.cache.capacity() as f64 * self.config.dirty_ratio;
+        let dirty = self.dirty_pages() as f64 / limit;
+        let patches =
+            self.stats.patch_bytes.load(Ordering::Relaxed).max(0) as f64 / self.config.patch_bytes.max(1) as f64;
+        dirty.max(patches)
     }
 
     /// Dirty pages that hold a page buffer (pages with only patches are bounded by
