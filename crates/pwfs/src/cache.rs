@@ -2,10 +2,11 @@
 //!
 //! Interface: pages are keyed by (inode, page index) and hold one 4 KiB buffer taken
 //! from the device (so the io_uring engine can use its registered arena). A page
-//! moves through `Absent → Fetching → UpToDate ⇄ Dirty → Writeback`; `Outdated` is
-//! the state a page with pending patches will have once non-blocking writes land.
-//! Whoever inserts a page in `Fetching` must fill it and call `complete` (waking
-//! the threads that `wait` on it) or `fail`. The cache tracks dirty pages in key
+//! moves through `Absent → Fetching → UpToDate ⇄ Dirty → Writeback`. A partial write
+//! to a page not in memory may instead leave it `Outdated`: no data, only patches
+//! (non-blocking writes); resolving it (`Fetching` again) applies the patches in order
+//! when the data arrives and leaves it Dirty. Whoever inserts a page in `Fetching`
+//! must fill it and call `complete` (waking the threads that `wait` on it) or `fail`. The cache tracks dirty pages in key
 //! order for write-back, and evicts clean, idle pages with a CLOCK sweep once it holds
 //! more than its capacity.
 //!
@@ -46,7 +47,7 @@ pub enum PageState {
     Absent,
     /// A read from the device is in flight; not readable.
     Fetching,
-    /// Patches are pending for bytes not yet fetched (non-blocking writes).
+    /// Only patches, no data yet (non-blocking writes); dirty, never evicted.
     Outdated,
     UpToDate,
     Dirty,
@@ -119,9 +120,6 @@ impl PageData {
 }
 
 impl PageData {
-    pub fn readable(&self) -> bool {
-        self.buf.is_some() && matches!(self.state, PageState::UpToDate | PageState::Dirty)
-    }
     pub fn data(&self) -> &[u8] {
         self.buf.as_deref().expect("readable page has a buffer")
     }
