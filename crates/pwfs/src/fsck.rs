@@ -55,15 +55,42 @@ struct Node {
 
 const MAX_ERRORS: usize = 200;
 
+/// The first `bits` bits of a bitmap stored in `blocks` blocks from `start`, with every
+/// checksum or read failure reported.
+fn read_bitmap(rd: &Reader<'_>, what: &str, start: u64, blocks: u64, bits: u64, r: &mut Report) -> Vec<bool> {
+    let mut out = vec![false; bits as usize];
+    for i in 0..blocks {
+        let b = match rd.read(start + i) {
+            Ok(b) => b,
+            Err(e) => {
+                push_error(r, format!("cannot read {what} bitmap: {e}"));
+                continue;
+            }
+        };
+        if let Err(e) = f::bitmap_check(&b, i) {
+            push_error(r, format!("{what} bitmap block {i}: {e}"));
+        }
+        for bit in 0..f::BITS_PER_BITMAP_BLOCK {
+            let n = i * f::BITS_PER_BITMAP_BLOCK + bit;
+            if n < bits {
+                out[n as usize] = b[(bit / 8) as usize] & (1 << (bit % 8)) != 0;
+            }
+        }
+    }
+    out
+}
+
+fn push_error(r: &mut Report, s: String) {
+    if r.errors.len() < MAX_ERRORS {
+        r.errors.push(s);
+    }
+}
+
 /// Check the image on `dev`. Errors only if the image cannot be identified at all.
 pub fn check(dev: &dyn Device) -> Result<Report> {
     let mut r = Report::default();
     let (sb, used_backup) = crate::fs::read_superblock(dev)?;
-    let err = |r: &mut Report, s: String| {
-        if r.errors.len() < MAX_ERRORS {
-            r.errors.push(s);
-        }
-    };
+    let err = push_error;
     if used_backup {
         err(&mut r, "primary superblock is damaged (the backup is intact)".into());
     } else {
@@ -92,45 +119,13 @@ pub fn check(dev: &dyn Device) -> Result<Report> {
     let rd = Reader { dev, overlay: journal::plan(&scan) };
 
     // Bitmaps.
-    let mut bbits = vec![false; sb.total_blocks as usize];
-    for i in 0..sb.block_bitmap_blocks {
-        match rd.read(sb.block_bitmap_start + i) {
-            Ok(b) => {
-                if let Err(e) = f::bitmap_check(&b, i) {
-                    err(&mut r, format!("block bitmap block {i}: {e}"));
-                }
-                for bit in 0..f::BITS_PER_BITMAP_BLOCK {
-                    let blk = i * f::BITS_PER_BITMAP_BLOCK + bit;
-                    if blk < sb.total_blocks {
-                        bbits[blk as usize] = b[(bit / 8) as usize] & (1 << (bit % 8)) != 0;
-                    }
-                }
-            }
-            Err(e) => err(&mut r, format!("cannot read block bitmap: {e}")),
-        }
-    }
+    let bbits = read_bitmap(&rd, "block", sb.block_bitmap_start, sb.block_bitmap_blocks, sb.total_blocks, &mut r);
     for blk in (0..sb.data_start).chain(sb.data_end..sb.total_blocks) {
         if !bbits[blk as usize] {
             err(&mut r, format!("block {blk} holds fixed metadata but is marked free"));
         }
     }
-    let mut ibits = vec![false; sb.inode_count as usize];
-    for i in 0..sb.inode_bitmap_blocks {
-        match rd.read(sb.inode_bitmap_start + i) {
-            Ok(b) => {
-                if let Err(e) = f::bitmap_check(&b, i) {
-                    err(&mut r, format!("inode bitmap block {i}: {e}"));
-                }
-                for bit in 0..f::BITS_PER_BITMAP_BLOCK {
-                    let n = i * f::BITS_PER_BITMAP_BLOCK + bit;
-                    if n < sb.inode_count {
-                        ibits[n as usize] = b[(bit / 8) as usize] & (1 << (bit % 8)) != 0;
-                    }
-                }
-            }
-            Err(e) => err(&mut r, format!("cannot read inode bitmap: {e}")),
-        }
-    }
+    let ibits = read_bitmap(&rd, "inode", sb.inode_bitmap_start, sb.inode_bitmap_blocks, sb.inode_count, &mut r);
 
     // Inodes, their extents, and who owns each block.
     let mut owner: HashMap<u64, u64> = HashMap::new();

@@ -217,3 +217,71 @@ fn enospc_leaves_a_consistent_usable_file_system() {
     fs.unmount().unwrap();
     fsck_clean(&*dev);
 }
+
+/// fsck finds each kind of damage (so that "fsck clean" in the other tests means
+/// something): a block in use marked free, a wrong link count, a directory entry
+/// pointing at a free inode, a bad checksum.
+#[test]
+fn fsck_reports_each_kind_of_damage() {
+    use pwfs::format::{self as f, DiskInode, BLOCK};
+    let good = populated_image();
+    let sb = pwfs::fs::read_superblock(&MemDevice::from_vec(good.clone())).unwrap().0;
+    assert!(pwfs::fsck::check(&MemDevice::from_vec(good.clone())).unwrap().is_clean());
+    let block = |b: u64| (b * BLOCK) as usize..((b + 1) * BLOCK) as usize;
+    // The inode of /d/f5 (a file with data) and its first data block.
+    let fs = Fs::mount(Arc::new(MemDevice::from_vec(good.clone())), test_config()).unwrap();
+    let ino = fs.metadata("/d/f5").unwrap().ino;
+    drop(fs);
+    let (tblk, off) = (
+        sb.inode_table_start + (ino - 1) / f::INODES_PER_BLOCK,
+        ((ino - 1) % f::INODES_PER_BLOCK) as usize * f::INODE_SIZE,
+    );
+    let inode = |img: &[u8]| DiskInode::decode(ino, &img[block(tblk)][off..off + f::INODE_SIZE]).unwrap().unwrap();
+    let data_blk = inode(&good).extents[0].physical;
+
+    let mut img = good.clone();
+    let bm = sb.block_bitmap_start + data_blk / f::BITS_PER_BITMAP_BLOCK;
+    let bit = data_blk % f::BITS_PER_BITMAP_BLOCK;
+    let r = block(bm);
+    img[r.clone()][(bit / 8) as usize] &= !(1 << (bit % 8));
+    f::bitmap_seal(&mut img[r], bm - sb.block_bitmap_start);
+    let rep = pwfs::fsck::check(&MemDevice::from_vec(img)).unwrap();
+    assert!(
+        rep.errors.iter().any(|e| e.contains(&format!("block {data_blk} of inode {ino} is marked free"))),
+        "{:?}",
+        rep.errors
+    );
+
+    let mut img = good.clone();
+    let mut d = inode(&img);
+    d.nlink = 3;
+    let r = block(tblk);
+    d.encode(ino, &mut img[r][off..off + f::INODE_SIZE]);
+    let rep = pwfs::fsck::check(&MemDevice::from_vec(img)).unwrap();
+    assert!(
+        rep.errors.iter().any(|e| e.contains(&format!("inode {ino}: link count 3 but 1 names"))),
+        "{:?}",
+        rep.errors
+    );
+
+    let mut img = good.clone();
+    let r = block(tblk);
+    img[r][off..off + f::INODE_SIZE].fill(0);
+    let ib = sb.inode_bitmap_start;
+    let r = block(ib);
+    img[r.clone()][((ino - 1) / 8) as usize] &= !(1 << ((ino - 1) % 8));
+    f::bitmap_seal(&mut img[r], 0);
+    let rep = pwfs::fsck::check(&MemDevice::from_vec(img)).unwrap();
+    assert!(rep.errors.iter().any(|e| e.contains(&format!("points at free inode {ino}"))), "{:?}", rep.errors);
+    assert!(rep.errors.iter().any(|e| e.contains("leaked")), "its blocks are now owned by nobody: {:?}", rep.errors);
+
+    let mut img = good.clone();
+    let r = block(tblk);
+    img[r][off + 20] ^= 0x40;
+    let rep = pwfs::fsck::check(&MemDevice::from_vec(img)).unwrap();
+    assert!(
+        rep.errors.iter().any(|e| e.contains(&format!("inode {ino}")) && e.contains("checksum")),
+        "{:?}",
+        rep.errors
+    );
+}
