@@ -33,6 +33,18 @@ impl Report {
         });
     }
 
+    /// Every cell holds a positive, finite figure (the smoke tests' check).
+    pub fn check_filled(&self) -> Result<(), String> {
+        for row in &self.rows {
+            for (col, v) in &row.values {
+                if !(v.is_finite() && *v > 0.0) {
+                    return Err(format!("{} / {col} = {v}", row.name));
+                }
+            }
+        }
+        Ok(())
+    }
+
     pub fn value(&self, row: &str, col: &str) -> f64 {
         self.rows.iter().find(|r| r.name == row).and_then(|r| r.values.get(col)).copied().unwrap_or(f64::NAN)
     }

@@ -311,11 +311,13 @@ fn crash_points_with_patches_async_foreground() {
     assert!(run_with(7, 400, 150, pwfs::FetchPolicy::AsyncForeground) > 150);
 }
 
-/// Extra seeds: `PWFS_CRASH_SEEDS=100` runs seeds 100.. for as long as you like.
+/// Twenty more seeds across all fetch policies, on request:
+/// `PWFS_CRASH_SEEDS=100 cargo test --release --test crash -- --ignored` runs 100..120.
 #[test]
+#[ignore = "long; run on request with PWFS_CRASH_SEEDS"]
 fn crash_points_env_seeds() {
-    if let Ok(s) = std::env::var("PWFS_CRASH_SEEDS") {
-        let start: u64 = s.parse().unwrap();
+    {
+        let start: u64 = std::env::var("PWFS_CRASH_SEEDS").map_or(1000, |s| s.parse().unwrap());
         let policies = [
             pwfs::FetchPolicy::Blocking,
             pwfs::FetchPolicy::AsyncForeground,

@@ -711,20 +711,17 @@ impl FsInner {
             return Ok(false);
         }
         // Pages with patches get their data first (a failed fetch is remembered for the
-        // file's next fsync; its page is dropped and not written).
-        let outdated: Vec<Arc<Page>> =
-            pages.iter().filter(|p| p.lock().state == crate::cache::PageState::Outdated).cloned().collect();
+        // file's next fsync; its page is dropped and not written). A page another thread
+        // is fetching right now is waited for; one that is claimed after this look is
+        // kept dirty by `prepare_writeback`.
         let mut by_ino: std::collections::BTreeMap<u64, Vec<Arc<Page>>> = Default::default();
-        for p in outdated {
-            by_ino.entry(p.key.0).or_default().push(p);
+        for p in &pages {
+            if p.wait().state == crate::cache::PageState::Outdated {
+                by_ino.entry(p.key.0).or_default().push(p.clone());
+            }
         }
         for (ino, ps) in by_ino {
             let _ = self.resolve(ino, ps);
-        }
-        // A page another thread is fetching right now (its patches are applied when the
-        // data arrives) is waited for: it must not leave the dirty set unwritten.
-        for p in &pages {
-            drop(p.wait());
         }
         // Pages are prepared (mapped, allocated, turned into requests) a chunk at a
         // time, while the device writes the chunks before: the bookkeeping of write-back

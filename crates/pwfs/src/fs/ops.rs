@@ -135,6 +135,18 @@ impl Fs {
         Ok(())
     }
 
+    /// `target` may go away in place of (rename) or as (rmdir/unlink) something that is
+    /// a directory iff `dir`: same kind, and an empty directory. Returns whether it is one.
+    fn check_replaceable(m: &mut Meta, dir: bool, target: u64) -> Result<bool> {
+        let is_dir = m.inode(target)?.is_dir();
+        match (dir, is_dir) {
+            (false, true) => Err(Error::is_dir("")),
+            (true, false) => Err(Error::not_dir("")),
+            (true, true) if !m.dir_is_empty(target)? => Err(Error::not_empty("")),
+            _ => Ok(is_dir),
+        }
+    }
+
     /// Create a regular file, special file, directory or symlink.
     fn make(&self, parent: u64, name: &[u8], new: NewNode<'_>) -> Result<Metadata> {
         let NewNode { mode, uid, gid, rdev, target } = new;
@@ -296,13 +308,7 @@ impl Fs {
             return Err(Error::not_dir(""));
         }
         let (ino, _) = m.lookup(parent, name)?.ok_or_else(|| Error::not_found(""))?;
-        let is_dir = m.inode(ino)?.is_dir();
-        match (dir, is_dir) {
-            (false, true) => return Err(Error::is_dir("")),
-            (true, false) => return Err(Error::not_dir("")),
-            (true, true) if !m.dir_is_empty(ino)? => return Err(Error::not_empty("")),
-            _ => {}
-        }
+        let is_dir = Self::check_replaceable(&mut m, dir, ino)?;
         self.inner.mutate(&mut m, |m| {
             m.dir_remove(parent, name)?;
             let t = now();
@@ -361,13 +367,7 @@ impl Fs {
             if noreplace {
                 return Err(Error::exists(""));
             }
-            let d_dir = m.inode(d)?.is_dir();
-            match (src_dir, d_dir) {
-                (true, false) => return Err(Error::not_dir("")),
-                (false, true) => return Err(Error::is_dir("")),
-                (true, true) if !m.dir_is_empty(d)? => return Err(Error::not_empty("")),
-                _ => {}
-            }
+            Self::check_replaceable(&mut m, src_dir, d)?;
         } else {
             let grow = m.dir(dp)?.free.is_empty();
             self.inner.need_space(&mut m, grow as u64, false)?;
