@@ -711,17 +711,21 @@ impl FsInner {
             return Ok(false);
         }
         // Pages with patches get their data first (a failed fetch is remembered for the
-        // file's next fsync; its page is dropped and not written). A page another thread
-        // is fetching right now is waited for; one that is claimed after this look is
-        // kept dirty by `prepare_writeback`.
+        // file's next fsync; its page is dropped and not written).
         let mut by_ino: std::collections::BTreeMap<u64, Vec<Arc<Page>>> = Default::default();
         for p in &pages {
-            if p.wait().state == crate::cache::PageState::Outdated {
+            if p.lock().state == crate::cache::PageState::Outdated {
                 by_ino.entry(p.key.0).or_default().push(p.clone());
             }
         }
         for (ino, ps) in by_ino {
             let _ = self.resolve(ino, ps);
+        }
+        // Then wait for every page another thread is fetching — including one the
+        // fetcher claimed between the look above and `resolve` — so that all of them
+        // are written now: an fsync must not return before they are.
+        for p in &pages {
+            drop(p.wait());
         }
         // Pages are prepared (mapped, allocated, turned into requests) a chunk at a
         // time, while the device writes the chunks before: the bookkeeping of write-back
