@@ -164,8 +164,7 @@ impl Filesystem for PwFuse {
             InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
                 | InitFlags::FUSE_PARALLEL_DIROPS
                 | InitFlags::FUSE_ASYNC_DIO
-                | InitFlags::FUSE_BIG_WRITES
-                | InitFlags::FUSE_ATOMIC_O_TRUNC,
+                | InitFlags::FUSE_BIG_WRITES,
         );
         Ok(())
     }
@@ -282,21 +281,11 @@ impl Filesystem for PwFuse {
         self.entry(reply, self.fs.link(ino.0, newparent.0, newname.as_bytes()))
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        // FUSE_ATOMIC_O_TRUNC: O_TRUNC arrives here, not as a separate setattr. POSIX
-        // updates mtime and ctime even when the file is already empty.
-        let trunc = flags.0 & libc::O_TRUNC != 0 && flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
-        let opened = self.fs.open_ino(ino.0).and_then(|m| {
-            if trunc && m.kind == pwfs::FileType::File {
-                if let Err(e) = self.fs.truncate(ino.0, 0) {
-                    self.fs.release_ino(ino.0);
-                    return Err(e);
-                }
-            }
-            Ok(())
-        });
-        match opened {
-            Ok(()) => reply.opened(FileHandle(0), data_open_flags()),
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // O_TRUNC never arrives here: without FUSE_ATOMIC_O_TRUNC the kernel checks write
+        // access (ETXTBSY) first and then truncates with a setattr.
+        match self.fs.open_ino(ino.0) {
+            Ok(_) => reply.opened(FileHandle(0), data_open_flags()),
             Err(e) => reply.error(errno(e)),
         }
     }

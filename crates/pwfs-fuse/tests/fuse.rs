@@ -114,6 +114,63 @@ fn posix_calls_through_the_kernel() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// O_TRUNC through the kernel: it truncates (also with O_RDONLY, as on Linux), and it
+/// never touches a running binary. With FUSE_ATOMIC_O_TRUNC the kernel handed O_TRUNC to
+/// the server before its ETXTBSY check and emptied its own view of the file, which killed
+/// the running program (pjdfstest open::etxtbsy caught it about once in 40 runs).
+#[test]
+fn o_trunc_truncates_but_not_a_running_binary() {
+    if !can_mount() {
+        return;
+    }
+    let dev = Arc::new(MemDevice::new(64 << 20));
+    pwfs::mkfs(&*dev, &MkfsOptions::default()).unwrap();
+    let fs = Fs::mount(dev.clone(), Config { cache_bytes: 8 << 20, ..Default::default() }).unwrap();
+    let dir = std::env::temp_dir().join(format!("pwfs-fuse-trunc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mounted = pwfs_fuse::mount(fs.clone(), &dir, false).unwrap();
+    let p = |s: &str| dir.join(s);
+    let open = |path: &std::path::Path, flags: i32| {
+        // SAFETY: plain syscalls on a NUL-terminated path.
+        let fd = unsafe { libc::open(cpath(path).as_ptr(), flags) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
+        }
+        unsafe { libc::close(fd) };
+        Ok(())
+    };
+
+    for flags in [libc::O_WRONLY | libc::O_TRUNC, libc::O_RDONLY | libc::O_TRUNC] {
+        std::fs::write(p("f"), b"some bytes").unwrap();
+        let before = std::fs::metadata(p("f")).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        open(&p("f"), flags).unwrap();
+        let after = std::fs::metadata(p("f")).unwrap();
+        assert_eq!(after.len(), 0, "flags {flags:o}");
+        assert!(after.modified().unwrap() > before.modified().unwrap(), "O_TRUNC sets mtime");
+        assert!(after.ctime_nsec() != before.ctime_nsec() || after.ctime() != before.ctime(), "and ctime");
+        assert_eq!(std::fs::read(p("f")).unwrap(), b"");
+    }
+
+    let sleep = std::fs::read("/bin/sleep").unwrap();
+    std::fs::write(p("sleep"), &sleep).unwrap();
+    std::fs::set_permissions(p("sleep"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut child = std::process::Command::new(p("sleep")).arg("1").spawn().unwrap();
+    for flags in [libc::O_WRONLY, libc::O_RDWR, libc::O_RDONLY | libc::O_TRUNC] {
+        assert_eq!(open(&p("sleep"), flags), Err(libc::ETXTBSY), "flags {flags:o}");
+    }
+    assert_eq!(std::fs::metadata(p("sleep")).unwrap().len(), sleep.len() as u64);
+    // The program wakes, runs its code from the mapped file and exits normally.
+    assert!(child.wait().unwrap().success(), "the running binary was damaged");
+    assert_eq!(std::fs::read(p("sleep")).unwrap(), sleep);
+
+    mounted.unmount().unwrap();
+    fs.unmount().unwrap();
+    let r = pwfs::fsck::check(&*dev).unwrap();
+    assert!(r.is_clean(), "{:?}", r.errors);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 fn nix_statvfs(path: &std::path::Path) -> u64 {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
