@@ -101,6 +101,60 @@ fn personality(t: &Target<'_>, name: &str, size: usize, file: u64, dur: Duration
     Ok(ops.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64())
 }
 
+/// A reader's place in one column of an interleaved cell.
+struct Cursor {
+    rng: SmallRng,
+    next: u64,
+    ops: u64,
+    busy: Duration,
+}
+
+/// One slice of a read personality on one column: continues from `c`, for `slice`.
+/// A sequential reader that reaches the end starts again from a cold cache (`cold`
+/// runs untimed), so every pass is a cold pass.
+fn read_slice(
+    t: &Target<'_>,
+    c: &mut Cursor,
+    random: bool,
+    size: usize,
+    file: u64,
+    slice: Duration,
+    cold: &dyn Fn() -> R<()>,
+) -> R<()> {
+    let mut buf = vec![0u8; size];
+    let slots = file / size as u64 - 1;
+    let mut left = slice;
+    let mut start = Instant::now();
+    loop {
+        let spent = start.elapsed();
+        if spent >= left {
+            c.busy += spent;
+            return Ok(());
+        }
+        if !random && c.next >= slots {
+            c.busy += spent;
+            left -= spent;
+            cold()?;
+            c.next = 0;
+            start = Instant::now();
+            continue;
+        }
+        let off = if random { c.rng.gen_range(0..slots) } else { c.next } * size as u64;
+        c.next += 1;
+        t.read(&mut buf, off)?;
+        c.ops += 1;
+    }
+}
+
+/// Rounds of a read cell: every column runs a slice per round, in an order that
+/// rotates, so that the machine's drift (large on this shared VM) falls on all
+/// columns alike; 3% differences are then measurable.
+const ROUNDS: u32 = 10;
+
+fn policy_config(cache: u64, policy: FetchPolicy) -> Config {
+    Config { cache_bytes: cache, fetch: policy, ..Default::default() }
+}
+
 pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<(Report, String)> {
     // Cache and file: the file is 4× the cache, as in the paper.
     let (cache, dur) = match o.file_mib {
@@ -110,15 +164,22 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<(Report, String)> {
     };
     let file = 4 * cache;
     std::fs::create_dir_all(&o.dir).map_err(err("create bench dir"))?;
-    let image = o.dir.join("nbw.img");
+    // One image per policy (copies of one filled image), so that the read cells can
+    // have all four mounted at once and interleave them.
+    let images: Vec<std::path::PathBuf> = (0..POLICIES.len()).map(|i| o.dir.join(format!("nbw-{i}.img"))).collect();
     let kpath = o.dir.join("nbw-kernel.dat");
-    progress("preparing the image and the kernel's file");
-    let _ = std::fs::remove_file(&image);
-    pwfs::mkfs_image(&image, file + 256 * MIB, &MkfsOptions::default()).map_err(err("mkfs"))?;
+    progress("preparing the images and the kernel's file");
+    for i in &images {
+        let _ = std::fs::remove_file(i);
+    }
+    pwfs::mkfs_image(&images[0], file + 256 * MIB, &MkfsOptions::default()).map_err(err("mkfs"))?;
     {
-        let fs = pwfs::mount_image(&image, Config::default()).map_err(err("mount"))?;
+        let fs = pwfs::mount_image(&images[0], Config::default()).map_err(err("mount"))?;
         fs.write_file("/data", &vec![1u8; file as usize]).map_err(err("fill"))?;
         fs.unmount().map_err(err("unmount"))?;
+        for i in &images[1..] {
+            std::fs::copy(&images[0], i).map_err(err("copy image"))?;
+        }
         let k = KFile::open(&kpath, false, true).map_err(err("kernel file"))?;
         let mut chunk = AlignedBuf::new(MIB as usize);
         chunk.fill(1);
@@ -131,24 +192,38 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<(Report, String)> {
     for p in PERSONALITIES {
         for &size in &SIZES {
             progress(&format!("{p} {size} B"));
-            let mut row = [0f64; 5];
-            for (i, (_, policy)) in POLICIES.iter().enumerate() {
-                let config = Config { cache_bytes: cache, fetch: *policy, ..Default::default() };
-                let fs: Fs = pwfs::mount_image(&image, config).map_err(err("mount"))?;
-                let f = OpenOptions::new().read(true).write(true).open(&fs, "/data").map_err(err("open"))?;
-                fs.evict_cache().map_err(err("evict"))?;
-                row[i] = personality(&Target::Pwfs(&f), p, size, file, dur, o.seed)?;
-                drop(f);
-                fs.unmount().map_err(err("unmount"))?;
-            }
-            let k = KFile::open(&kpath, false, false).map_err(err("kernel file"))?;
-            k.drop_cache();
-            row[4] = personality(&Target::Kernel(&k), p, size, file, dur, o.seed)?;
-            k.drop_cache();
+            let row = if p == "randread" || p == "seqread" {
+                read_cell(&images, &kpath, p == "randread", size, cache, file, dur, o.seed)?
+            } else {
+                let mut row = [0f64; 5];
+                for (i, (_, policy)) in POLICIES.iter().enumerate() {
+                    let fs: Fs = pwfs::mount_image(&images[i], policy_config(cache, *policy)).map_err(err("mount"))?;
+                    let f = OpenOptions::new().read(true).write(true).open(&fs, "/data").map_err(err("open"))?;
+                    fs.evict_cache().map_err(err("evict"))?;
+                    row[i] = personality(&Target::Pwfs(&f), p, size, file, dur, o.seed)?;
+                    drop(f);
+                    fs.unmount().map_err(err("unmount"))?;
+                }
+                let k = KFile::open(&kpath, false, false).map_err(err("kernel file"))?;
+                k.drop_cache();
+                row[4] = personality(&Target::Kernel(&k), p, size, file, dur, o.seed)?;
+                k.drop_cache();
+                row
+            };
             table.push((p.to_string(), size, row));
         }
     }
-    let _ = std::fs::remove_file(&image);
+    // Through the FUSE mount: random 2 KiB writes by a program (pwrite on the mount),
+    // every policy against ext4. Needs root and /dev/fuse.
+    let fuse_row = if crate::fuse::can_mount() {
+        progress("randwrite 2048 B through the FUSE mount");
+        Some(fuse_randwrite(o, &images, &kpath, 2048, cache, file, dur)?)
+    } else {
+        None
+    };
+    for i in &images {
+        let _ = std::fs::remove_file(i);
+    }
     let _ = std::fs::remove_file(&kpath);
 
     let cols = ["Blocking", "Async-FG", "Async-BG", "Lazy", "ext4"];
@@ -178,21 +253,126 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<(Report, String)> {
     for p in ["randread", "seqread"] {
         let worst = SIZES
             .iter()
-            .map(|&s| {
-                let row = &table.iter().find(|(q, z, _)| q == p && *z == s).expect("measured").2;
-                row[1..4].iter().map(|v| v / row[0]).fold(f64::INFINITY, f64::min)
+            .flat_map(|&s| {
+                let row = table.iter().find(|(q, z, _)| q == p && *z == s).expect("measured").2;
+                (1..4).map(move |c| row[c] / row[0])
             })
-            .fold(f64::INFINITY, f64::min);
+            .fold(1.0f64, |w, x| if (x - 1.0).abs() > (w - 1.0).abs() { x } else { w });
         r.targets.push((
-            format!("{p}: every policy within 3% of Blocking (worst ratio)"),
+            format!("{p}: every policy within 3% of Blocking (the ratio farthest from 1)"),
             worst,
-            ">= 0.97".into(),
-            worst >= 0.97,
+            "0.97..1.03".into(),
+            (worst - 1.0).abs() <= 0.03,
         ));
     }
-    r.notes.push("pwfs columns run through the Rust API with the given fetch policy; ext4 is a buffered file on the same disk, cache dropped with POSIX_FADV_DONTNEED before each cell".into());
+    if let Some(row) = fuse_row {
+        let vals: Vec<(&str, f64)> = cols.iter().copied().zip(row.iter().copied()).collect();
+        r.row("FUSE randwrite 2048 B", "ops/s", false, &vals);
+        let best = row[1].max(row[2]).max(row[3]);
+        r.targets.push((
+            "FUSE mount: random 2 KiB writes, best NBW / ext4".into(),
+            best / row[4],
+            "> 1".into(),
+            best > row[4],
+        ));
+    } else {
+        r.notes.push("FUSE row skipped: needs root and /dev/fuse".into());
+    }
+    r.notes.push("pwfs columns run through the Rust API with the given fetch policy (the FUSE row: a program's pwrite on the mount); ext4 is a buffered file on the same disk, cache dropped with POSIX_FADV_DONTNEED before each cell".into());
+    r.notes.push(format!("write cells: one column after another, each from a cold cache; read cells: all columns mounted at once, {ROUNDS} rounds of slices in rotating order (sequential readers restart cold at the end of the file)"));
     let svg = plot(&table, &cols);
     Ok((r, svg))
+}
+
+/// A read personality with every column mounted at once and interleaved in rounds.
+#[allow(clippy::too_many_arguments)]
+fn read_cell(
+    images: &[std::path::PathBuf],
+    kpath: &std::path::Path,
+    random: bool,
+    size: usize,
+    cache: u64,
+    file: u64,
+    dur: Duration,
+    seed: u64,
+) -> R<[f64; 5]> {
+    let mut fss = Vec::new();
+    for (i, (_, policy)) in POLICIES.iter().enumerate() {
+        fss.push(pwfs::mount_image(&images[i], policy_config(cache, *policy)).map_err(err("mount"))?);
+    }
+    let files: Vec<pwfs::File> = fss
+        .iter()
+        .map(|fs| OpenOptions::new().read(true).open(fs, "/data"))
+        .collect::<Result<_, _>>()
+        .map_err(err("open"))?;
+    let k = KFile::open(kpath, false, false).map_err(err("kernel file"))?;
+    for fs in &fss {
+        fs.evict_cache().map_err(err("evict"))?;
+    }
+    k.drop_cache();
+    // The same seed in every column: the same offsets in the same order.
+    let mut cur: Vec<Cursor> =
+        (0..5).map(|_| Cursor { rng: SmallRng::seed_from_u64(seed), next: 0, ops: 0, busy: Duration::ZERO }).collect();
+    let slice = dur / ROUNDS;
+    for round in 0..ROUNDS as usize {
+        for j in 0..5 {
+            let c = (round + j) % 5;
+            let (target, cold): (Target<'_>, Box<dyn Fn() -> R<()>>) = if c < 4 {
+                let fs = &fss[c];
+                (Target::Pwfs(&files[c]), Box::new(move || fs.evict_cache().map_err(err("evict"))))
+            } else {
+                (
+                    Target::Kernel(&k),
+                    Box::new(|| {
+                        k.drop_cache();
+                        Ok(())
+                    }),
+                )
+            };
+            read_slice(&target, &mut cur[c], random, size, file, slice, &*cold)?;
+        }
+    }
+    drop(files);
+    for fs in fss {
+        fs.unmount().map_err(err("unmount"))?;
+    }
+    let mut row = [0f64; 5];
+    for (v, c) in row.iter_mut().zip(&cur) {
+        *v = c.ops as f64 / c.busy.as_secs_f64();
+    }
+    Ok(row)
+}
+
+/// Random writes of `size` bytes by a program on a pwfs FUSE mount, one mount per
+/// policy, then the same on ext4: ops/s per column.
+fn fuse_randwrite(
+    o: &Opts,
+    images: &[std::path::PathBuf],
+    kpath: &std::path::Path,
+    size: usize,
+    cache: u64,
+    file: u64,
+    dur: Duration,
+) -> R<[f64; 5]> {
+    let mnt = o.dir.join("nbw-mnt");
+    std::fs::create_dir_all(&mnt).map_err(err("mkdir"))?;
+    let mut row = [0f64; 5];
+    for (i, (_, policy)) in POLICIES.iter().enumerate() {
+        let fs: Fs = pwfs::mount_image(&images[i], policy_config(cache, *policy)).map_err(err("mount"))?;
+        let mounted = pwfs_fuse::mount(fs.clone(), &mnt, false).map_err(err("FUSE mount"))?;
+        let k = KFile::open(&mnt.join("data"), false, false).map_err(err("open on the mount"))?;
+        fs.evict_cache().map_err(err("evict"))?;
+        row[i] = personality(&Target::Kernel(&k), "randwrite", size, file, dur, o.seed)?;
+        drop(k);
+        mounted.unmount().map_err(err("FUSE unmount"))?;
+        fs.unmount().map_err(err("unmount"))?;
+    }
+    let k = KFile::open(kpath, false, false).map_err(err("kernel file"))?;
+    k.drop_cache();
+    row[4] = personality(&Target::Kernel(&k), "randwrite", size, file, dur, o.seed)?;
+    k.drop_cache();
+    let _ = std::fs::remove_dir(&mnt);
+    Ok(row)
 }
 
 /// Grouped bars, one panel per personality, log-scaled ops/s.
@@ -261,7 +441,8 @@ mod tests {
     fn smoke_run_fills_the_table() {
         let dir = std::env::temp_dir().join(format!("pwfs-bench-nbw-{}", std::process::id()));
         let (r, svg) = run(&Opts::smoke(dir.clone()), &mut |_| {}).unwrap();
-        assert_eq!(r.rows.len(), PERSONALITIES.len() * SIZES.len());
+        let fuse = usize::from(crate::fuse::can_mount());
+        assert_eq!(r.rows.len(), PERSONALITIES.len() * SIZES.len() + fuse);
         r.check_filled().unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("randwrite"));
         let _ = std::fs::remove_dir_all(dir);

@@ -55,8 +55,9 @@ enum Cmd {
         #[arg(long)]
         allow_other: bool,
         /// How a partial write to a page not in memory gets its data (non-blocking
-        /// writes): blocking reads it first; the others patch it and fetch later.
-        #[arg(long, value_enum, default_value = "blocking")]
+        /// writes): blocking reads it first (the off-switch); the others patch it and
+        /// fetch later.
+        #[arg(long, value_enum, default_value = "async-fg")]
         fetch: Fetch,
     },
     /// Unmount a pwfs mount point (the serving process then flushes and exits).

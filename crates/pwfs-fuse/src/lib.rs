@@ -327,9 +327,12 @@ impl Filesystem for PwFuse {
         }
     }
 
-    // No `flush`: the default answer (ENOSYS) tells the kernel to stop sending it at
-    // every close, which saves a round trip per file; close has nothing to flush here
-    // (fsync and the write-back thread make data durable, errors surface at fsync).
+    /// Every close(2) of a handle: reports a write to this file that was lost after it
+    /// returned (non-blocking writes, whose page then could not be read). It costs one
+    /// round trip per close and waits for no I/O.
+    fn flush(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _lock_owner: fuser::LockOwner, reply: ReplyEmpty) {
+        empty(reply, self.fs.flush(ino.0))
+    }
 
     fn release(
         &self,

@@ -171,6 +171,46 @@ fn o_trunc_truncates_but_not_a_running_binary() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A non-blocking write whose page then cannot be read is reported by close(2) through
+/// the kernel (FUSE flush), once.
+#[test]
+fn close_reports_a_lost_write() {
+    use pwfs::device::sim::{SimConfig, SimDevice};
+    if !can_mount() {
+        return;
+    }
+    let mem = MemDevice::new(64 << 20);
+    pwfs::mkfs(&mem, &MkfsOptions::default()).unwrap();
+    let dev = Arc::new(SimDevice::new(mem.snapshot(), SimConfig::default()));
+    let config = Config { cache_bytes: 8 << 20, fetch: pwfs::FetchPolicy::Lazy, ..Default::default() };
+    let fs = Fs::mount(dev.clone(), config).unwrap();
+    fs.write_file("/f", &[7u8; 64 * 1024]).unwrap();
+    fs.evict_cache().unwrap();
+    let dir = std::env::temp_dir().join(format!("pwfs-fuse-close-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mounted = pwfs_fuse::mount(fs.clone(), &dir, false).unwrap();
+    let path = cpath(&dir.join("f"));
+    // SAFETY: plain syscalls on a NUL-terminated path and a local buffer.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_RDWR);
+        assert!(fd >= 0);
+        assert_eq!(libc::pwrite(fd, b"lost".as_ptr().cast(), 4, 20_000), 4, "returns without reading the page");
+        dev.set_config(SimConfig { read_fail: 1.0, ..Default::default() });
+        let mut buf = [0u8; 8];
+        assert_eq!(libc::pread(fd, buf.as_mut_ptr().cast(), 8, 19_998), -1);
+        assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EIO));
+        dev.set_config(SimConfig::default());
+        assert_eq!(libc::close(fd), -1, "close reports the lost write");
+        assert_eq!(std::io::Error::last_os_error().raw_os_error(), Some(libc::EIO));
+        let fd = libc::open(path.as_ptr(), libc::O_RDONLY);
+        assert!(fd >= 0);
+        assert_eq!(libc::close(fd), 0, "once");
+    }
+    mounted.unmount().unwrap();
+    fs.unmount().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 fn nix_statvfs(path: &std::path::Path) -> u64 {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();

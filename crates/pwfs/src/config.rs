@@ -9,11 +9,13 @@ use std::time::Duration;
 /// How a partial write to a page that is not cached gets its page (mechanism 1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FetchPolicy {
-    /// Read the page first, then write into it (the baseline).
-    #[default]
+    /// Read the page first, then write into it (the baseline, the off-switch).
     Blocking,
     /// The writer queues the fetch itself as it returns (the fetch runs on the
-    /// fetcher thread: the device API is synchronous).
+    /// fetcher thread: the device API is synchronous). The default: the fastest on
+    /// random partial writes here (docs/BENCHMARKS.md) and the one that leaves the
+    /// fewest patches outstanding.
+    #[default]
     AsyncForeground,
     /// The fetcher thread fetches pages with patches soon after the write.
     AsyncBackground,
@@ -78,7 +80,7 @@ impl Default for Config {
             cache_bytes: 256 << 20,
             dirty_ratio: 0.5,
             writeback_interval: Some(Duration::from_secs(5)),
-            fetch: FetchPolicy::Blocking,
+            fetch: FetchPolicy::AsyncForeground,
             lock: LockMode::Inode,
             io_path: IoPath::Buffered,
             stack: Stack::Sync,

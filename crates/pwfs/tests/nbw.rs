@@ -101,6 +101,26 @@ fn a_failed_fetch_after_the_write_returned_is_reported_by_fsync() {
 }
 
 #[test]
+fn a_failed_fetch_is_reported_once_by_close_or_fsync_whichever_comes_first() {
+    let (dev, fs, _) = cold_file(FetchPolicy::Lazy);
+    let f = OpenOptions::new().read(true).write(true).open(&fs, "/f").unwrap();
+    let g = OpenOptions::new().read(true).write(true).open(&fs, "/f").unwrap();
+    f.write_at(b"lost", 20_000).unwrap();
+    // Nothing is known to be lost yet: close neither waits nor reports.
+    g.close().unwrap();
+    dev.set_config(SimConfig { read_fail: 1.0, ..Default::default() });
+    // A read the patch cannot serve makes the fetch happen (and fail).
+    let mut buf = [0u8; 8];
+    assert_eq!(f.read_at(&mut buf, 19_998).unwrap_err().errno(), libc::EIO);
+    dev.set_config(SimConfig::default());
+    let h = OpenOptions::new().read(true).open(&fs, "/f").unwrap();
+    assert_eq!(h.close().unwrap_err().errno(), libc::EIO, "close reports the lost write");
+    f.sync_all().unwrap();
+    f.close().unwrap();
+    assert!(fs.poisoned().is_none());
+}
+
+#[test]
 fn patch_memory_is_bounded() {
     let image = formatted_image(16 * MIB, &MkfsOptions::default());
     let dev = Arc::new(SimDevice::new(image, SimConfig::default()));

@@ -290,6 +290,14 @@ impl File {
     pub fn sync_data(&self) -> Result<()> {
         self.fs.fsync(self.ino, true)
     }
+
+    /// close(2): like dropping the handle, but reports a write to this file that
+    /// was lost after it returned (its page could not be read). Does not wait for
+    /// I/O; use `sync_all` for durability.
+    pub fn close(self) -> Result<()> {
+        self.fs.flush(self.ino)
+        // Drop releases the handle.
+    }
 }
 
 impl std::fmt::Debug for File {

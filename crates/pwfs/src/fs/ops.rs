@@ -885,12 +885,25 @@ impl Fs {
     /// overwrite costs one data write and one flush, with no journal I/O.
     pub fn fsync(&self, ino: u64, datasync: bool) -> Result<()> {
         let r = self.fsync_inner(ino, datasync);
-        // Writes that returned before their page could be read, and whose read then
-        // failed, are reported here, once (errseq-style), never dropped.
+        self.take_fetch_error(ino)?;
+        r
+    }
+
+    /// close(2) of a handle (FUSE `flush`): reports, once, a lost write of this file
+    /// that is already known. It does not wait for fetches still in flight (close
+    /// never waits for I/O); a loss found later is kept for the next fsync or close.
+    pub fn flush(&self, ino: u64) -> Result<()> {
+        self.take_fetch_error(ino)
+    }
+
+    /// Writes that returned before their page could be read, and whose read then
+    /// failed, are reported by the next fsync or close of the file, once
+    /// (errseq-style), never dropped.
+    fn take_fetch_error(&self, ino: u64) -> Result<()> {
         if self.inner.fetch_errors.lock().remove(&ino) {
             return Err(Error::io("data written earlier was lost: reading its page failed"));
         }
-        r
+        Ok(())
     }
 
     fn fsync_inner(&self, ino: u64, datasync: bool) -> Result<()> {
