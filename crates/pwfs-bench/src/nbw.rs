@@ -179,6 +179,9 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<(Report, String)> {
         fs.unmount().map_err(err("unmount"))?;
         for i in &images[1..] {
             std::fs::copy(&images[0], i).map_err(err("copy image"))?;
+            // The copy went through the host's page cache: make it durable and drop
+            // it there, or the first O_DIRECT reads of a copy would wait for its write-back.
+            KFile::open(i, false, false).map_err(err("open image copy"))?.drop_cache();
         }
         let k = KFile::open(&kpath, false, true).map_err(err("kernel file"))?;
         let mut chunk = AlignedBuf::new(MIB as usize);

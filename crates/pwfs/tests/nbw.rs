@@ -191,3 +191,54 @@ fn readers_and_writers_on_the_same_pages_under_every_policy() {
         assert_eq!((s.patch_bytes, s.patched_pages), (0, 0), "{policy:?}: accounting settles");
     }
 }
+
+/// The fetcher and readahead read without the inode lock: a truncate racing them waits
+/// for the pages they are reading, and patch memory accounting still settles to zero.
+/// Bytes below the smallest size the truncater ever sets are the writer's alone and
+/// compared with a model; fsck checks the rest.
+#[test]
+fn truncate_racing_the_fetcher_settles() {
+    const KEEP: usize = 20_000;
+    for policy in [FetchPolicy::AsyncForeground, FetchPolicy::AsyncBackground, FetchPolicy::Lazy] {
+        let (dev, fs, data) = cold_file(policy);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let truncater = {
+            let (fs, stop) = (fs.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let f = OpenOptions::new().write(true).open(&fs, "/f").unwrap();
+                let mut i = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    // Down to somewhere in [KEEP, 64 KiB), unaligned, and back up.
+                    f.set_len(KEEP as u64 + (i * 7_777) % (65_536 - KEEP as u64)).unwrap();
+                    f.set_len(65_536).unwrap();
+                    if i.is_multiple_of(4) {
+                        fs.evict_cache().unwrap();
+                    }
+                    i += 1;
+                }
+            })
+        };
+        let f = OpenOptions::new().read(true).write(true).open(&fs, "/f").unwrap();
+        let mut model = data[..KEEP].to_vec();
+        for i in 0..5_000u64 {
+            let off = (i * 4_099) % 64_000;
+            let v = (i % 251) as u8;
+            f.write_at(&[v; 600], off).unwrap();
+            if (off as usize) < KEEP {
+                model[off as usize..(off as usize + 600).min(KEEP)].fill(v);
+            }
+            if i.is_multiple_of(64) {
+                fs.evict_cache().unwrap();
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        truncater.join().unwrap();
+        f.sync_all().unwrap();
+        let s = fs.nbw_stats();
+        assert_eq!((s.patch_bytes, s.patched_pages), (0, 0), "{policy:?}: accounting settles");
+        assert_eq!(&fs.read_file("/f").unwrap()[..KEEP], &model[..], "{policy:?}");
+        drop(f);
+        fs.unmount().unwrap();
+        fsck_clean(&*dev);
+    }
+}

@@ -425,10 +425,15 @@ fn fetcher_thread(fs: Weak<FsInner>, rx: std::sync::mpsc::Receiver<(u64, u64)>) 
         }
         let Some(inner) = fs.upgrade() else { return };
         for (ino, idxs) in batch {
-            // As a reader: a truncate cannot drop a page between the check and the fetch.
-            let _g = inner.locks.read(ino);
-            let pages: Vec<Arc<Page>> = idxs.into_iter().filter_map(|i| inner.cache.get((ino, i))).collect();
-            let _ = inner.resolve(ino, pages);
+            // The pages are claimed under the inode lock (as a reader: a truncate sees
+            // them in the cache and waits for them), and read without it, so that
+            // writers to other pages of the file do not wait for this I/O.
+            let claimed = {
+                let _g = inner.locks.read(ino);
+                let pages: Vec<Arc<Page>> = idxs.into_iter().filter_map(|i| inner.cache.get((ino, i))).collect();
+                inner.claim(pages)
+            };
+            let _ = inner.fetch(ino, claimed);
         }
     }
 }
@@ -439,15 +444,18 @@ fn readahead_thread(fs: Weak<FsInner>, rx: RaQueue) {
     loop {
         let Ok((ino, first, n)) = rx.lock().recv() else { return };
         let Some(inner) = fs.upgrade() else { return };
-        // As a reader: a truncate cannot run between the size check and the fetch.
-        let _g = inner.locks.read(ino);
-        let size = match inner.meta.lock().inode(ino) {
-            Ok(node) => node.d.size,
-            Err(_) => continue,
+        // Pages are inserted under the inode lock (as a reader: a truncate cannot run
+        // between the size check and the insert, and finds them in the cache after
+        // it), and read without it.
+        let new: Vec<Arc<Page>> = {
+            let _g = inner.locks.read(ino);
+            let size = match inner.meta.lock().inode(ino) {
+                Ok(node) => node.d.size,
+                Err(_) => continue,
+            };
+            let n = n.min(size.div_ceil(BLOCK).saturating_sub(first));
+            inner.cache.get_or_insert_range(ino, first, n).into_iter().filter(|p| p.1).map(|p| p.0).collect()
         };
-        let n = n.min(size.div_ceil(BLOCK).saturating_sub(first));
-        let new: Vec<Arc<Page>> =
-            inner.cache.get_or_insert_range(ino, first, n).into_iter().filter(|p| p.1).map(|p| p.0).collect();
         // A failed readahead fails its pages; the reader fetches them again.
         let _ = inner.fetch(ino, new);
     }
@@ -918,7 +926,11 @@ impl FsInner {
     /// Settle the patch accounting of pages dropped from the cache (truncate, delete).
     pub fn forget_pages(&self, pages: Vec<Arc<Page>>) {
         for p in pages {
-            let n: usize = p.lock().patches.iter().map(|p| p.data.len()).sum();
+            // A page the fetcher or readahead is reading (they hold no inode lock
+            // during I/O) is waited for; taking its patches means a fetch that claims
+            // it later applies nothing and nothing is counted twice.
+            let patches = std::mem::take(&mut p.wait().patches);
+            let n: usize = patches.iter().map(|p| p.data.len()).sum();
             if n > 0 {
                 self.stats.patch_bytes.fetch_sub(n as i64, Ordering::Relaxed);
                 self.stats.patched_pages.fetch_sub(1, Ordering::Relaxed);
@@ -929,6 +941,12 @@ impl FsInner {
     /// Fetch the data of pages that hold patches, apply the patches, and make them
     /// ordinary dirty pages. Pages already being fetched are waited for.
     pub fn resolve(&self, ino: u64, pages: Vec<Arc<Page>>) -> Result<()> {
+        let claimed = self.claim(pages);
+        self.fetch(ino, claimed)
+    }
+
+    /// The pages that hold patches (Outdated), now Fetching and ours to fetch.
+    pub fn claim(&self, pages: Vec<Arc<Page>>) -> Vec<Arc<Page>> {
         let mut claimed = Vec::new();
         for p in pages {
             let mut g = p.lock();
@@ -938,7 +956,7 @@ impl FsInner {
                 claimed.push(p);
             }
         }
-        self.fetch(ino, claimed)
+        claimed
     }
 
     /// Whether `n` more bytes of patches fit in the configured patch memory.
