@@ -101,54 +101,50 @@ fn personality(t: &Target<'_>, name: &str, size: usize, file: u64, dur: Duration
     Ok(ops.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64())
 }
 
-/// A reader's place in one column of an interleaved cell.
-struct Cursor {
-    rng: SmallRng,
-    next: u64,
-    ops: u64,
-    busy: Duration,
-}
-
-/// One slice of a read personality on one column: continues from `c`, for `slice`.
-/// A sequential reader that reaches the end starts again from a cold cache (`cold`
-/// runs untimed), so every pass is a cold pass.
+/// One slice of a read personality: from a cold cache, random offsets from `seed` or
+/// sequential from offset 0 (wrapping, untimed `cold` again, at the end), for `slice`;
+/// operations per second.
 fn read_slice(
     t: &Target<'_>,
-    c: &mut Cursor,
     random: bool,
     size: usize,
     file: u64,
     slice: Duration,
+    seed: u64,
     cold: &dyn Fn() -> R<()>,
-) -> R<()> {
+) -> R<f64> {
     let mut buf = vec![0u8; size];
     let slots = file / size as u64 - 1;
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut next = 0u64;
     let mut left = slice;
+    let (mut ops, mut busy) = (0u64, Duration::ZERO);
     let mut start = Instant::now();
     loop {
         let spent = start.elapsed();
         if spent >= left {
-            c.busy += spent;
-            return Ok(());
+            busy += spent;
+            return Ok(ops as f64 / busy.as_secs_f64());
         }
-        if !random && c.next >= slots {
-            c.busy += spent;
+        if !random && next >= slots {
+            busy += spent;
             left -= spent;
             cold()?;
-            c.next = 0;
+            next = 0;
             start = Instant::now();
             continue;
         }
-        let off = if random { c.rng.gen_range(0..slots) } else { c.next } * size as u64;
-        c.next += 1;
+        let off = if random { rng.gen_range(0..slots) } else { next } * size as u64;
+        next += 1;
         t.read(&mut buf, off)?;
-        c.ops += 1;
+        ops += 1;
     }
 }
 
 /// Rounds of a read cell: every column runs a slice per round, in an order that
 /// rotates, so that the machine's drift (large on this shared VM) falls on all
-/// columns alike; 3% differences are then measurable.
+/// columns alike; a column's figure is the median of its slices, so that a slice hit
+/// by a hiccup of the host does not move it. 3% differences are then measurable.
 const ROUNDS: u32 = 10;
 
 fn policy_config(cache: u64, policy: FetchPolicy) -> Config {
@@ -164,25 +160,15 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<(Report, String)> {
     };
     let file = 4 * cache;
     std::fs::create_dir_all(&o.dir).map_err(err("create bench dir"))?;
-    // One image per policy (copies of one filled image), so that the read cells can
-    // have all four mounted at once and interleave them.
-    let images: Vec<std::path::PathBuf> = (0..POLICIES.len()).map(|i| o.dir.join(format!("nbw-{i}.img"))).collect();
+    let image = o.dir.join("nbw.img");
     let kpath = o.dir.join("nbw-kernel.dat");
-    progress("preparing the images and the kernel's file");
-    for i in &images {
-        let _ = std::fs::remove_file(i);
-    }
-    pwfs::mkfs_image(&images[0], file + 256 * MIB, &MkfsOptions::default()).map_err(err("mkfs"))?;
+    progress("preparing the image and the kernel's file");
+    let _ = std::fs::remove_file(&image);
+    pwfs::mkfs_image(&image, file + 256 * MIB, &MkfsOptions::default()).map_err(err("mkfs"))?;
     {
-        let fs = pwfs::mount_image(&images[0], Config::default()).map_err(err("mount"))?;
+        let fs = pwfs::mount_image(&image, Config::default()).map_err(err("mount"))?;
         fs.write_file("/data", &vec![1u8; file as usize]).map_err(err("fill"))?;
         fs.unmount().map_err(err("unmount"))?;
-        for i in &images[1..] {
-            std::fs::copy(&images[0], i).map_err(err("copy image"))?;
-            // The copy went through the host's page cache: make it durable and drop
-            // it there, or the first O_DIRECT reads of a copy would wait for its write-back.
-            KFile::open(i, false, false).map_err(err("open image copy"))?.drop_cache();
-        }
         let k = KFile::open(&kpath, false, true).map_err(err("kernel file"))?;
         let mut chunk = AlignedBuf::new(MIB as usize);
         chunk.fill(1);
@@ -196,11 +182,11 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<(Report, String)> {
         for &size in &SIZES {
             progress(&format!("{p} {size} B"));
             let row = if p == "randread" || p == "seqread" {
-                read_cell(&images, &kpath, p == "randread", size, cache, file, dur, o.seed)?
+                read_cell(&image, &kpath, p == "randread", size, cache, file, dur, o.seed)?
             } else {
                 let mut row = [0f64; 5];
                 for (i, (_, policy)) in POLICIES.iter().enumerate() {
-                    let fs: Fs = pwfs::mount_image(&images[i], policy_config(cache, *policy)).map_err(err("mount"))?;
+                    let fs: Fs = pwfs::mount_image(&image, policy_config(cache, *policy)).map_err(err("mount"))?;
                     let f = OpenOptions::new().read(true).write(true).open(&fs, "/data").map_err(err("open"))?;
                     fs.evict_cache().map_err(err("evict"))?;
                     row[i] = personality(&Target::Pwfs(&f), p, size, file, dur, o.seed)?;
@@ -220,13 +206,11 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<(Report, String)> {
     // every policy against ext4. Needs root and /dev/fuse.
     let fuse_row = if crate::fuse::can_mount() {
         progress("randwrite 2048 B through the FUSE mount");
-        Some(fuse_randwrite(o, &images, &kpath, 2048, cache, file, dur)?)
+        Some(fuse_randwrite(o, &image, &kpath, 2048, cache, file, dur)?)
     } else {
         None
     };
-    for i in &images {
-        let _ = std::fs::remove_file(i);
-    }
+    let _ = std::fs::remove_file(&image);
     let _ = std::fs::remove_file(&kpath);
 
     let cols = ["Blocking", "Async-FG", "Async-BG", "Lazy", "ext4"];
@@ -282,15 +266,19 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<(Report, String)> {
         r.notes.push("FUSE row skipped: needs root and /dev/fuse".into());
     }
     r.notes.push("pwfs columns run through the Rust API with the given fetch policy (the FUSE row: a program's pwrite on the mount); ext4 is a buffered file on the same disk, cache dropped with POSIX_FADV_DONTNEED before each cell".into());
-    r.notes.push(format!("write cells: one column after another, each from a cold cache; read cells: all columns mounted at once, {ROUNDS} rounds of slices in rotating order (sequential readers restart cold at the end of the file)"));
+    r.notes.push(format!("write cells: one column after another, each from a cold cache; read cells: {ROUNDS} rounds of slices in rotating order, every slice from a cold cache (pwfs: a fresh mount of the same image), slice k of every column reading the same offsets; a read cell's figure is the median of its slices"));
     let svg = plot(&table, &cols);
     Ok((r, svg))
 }
 
-/// A read personality with every column mounted at once and interleaved in rounds.
+/// A read personality, interleaved: in every round each column runs one slice, in
+/// an order that rotates. Every pwfs slice mounts the same image afresh with its
+/// column's policy (cold, and the host's caching of the image file is the same for
+/// every column), the kernel's slice starts with its cache dropped; slice k of every
+/// column reads the same offsets.
 #[allow(clippy::too_many_arguments)]
 fn read_cell(
-    images: &[std::path::PathBuf],
+    image: &std::path::Path,
     kpath: &std::path::Path,
     random: bool,
     size: usize,
@@ -299,49 +287,39 @@ fn read_cell(
     dur: Duration,
     seed: u64,
 ) -> R<[f64; 5]> {
-    let mut fss = Vec::new();
-    for (i, (_, policy)) in POLICIES.iter().enumerate() {
-        fss.push(pwfs::mount_image(&images[i], policy_config(cache, *policy)).map_err(err("mount"))?);
-    }
-    let files: Vec<pwfs::File> = fss
-        .iter()
-        .map(|fs| OpenOptions::new().read(true).open(fs, "/data"))
-        .collect::<Result<_, _>>()
-        .map_err(err("open"))?;
-    let k = KFile::open(kpath, false, false).map_err(err("kernel file"))?;
-    for fs in &fss {
-        fs.evict_cache().map_err(err("evict"))?;
-    }
-    k.drop_cache();
-    // The same seed in every column: the same offsets in the same order.
-    let mut cur: Vec<Cursor> =
-        (0..5).map(|_| Cursor { rng: SmallRng::seed_from_u64(seed), next: 0, ops: 0, busy: Duration::ZERO }).collect();
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); 5];
     let slice = dur / ROUNDS;
     for round in 0..ROUNDS as usize {
+        let seed = seed + round as u64;
         for j in 0..5 {
             let c = (round + j) % 5;
-            let (target, cold): (Target<'_>, Box<dyn Fn() -> R<()>>) = if c < 4 {
-                let fs = &fss[c];
-                (Target::Pwfs(&files[c]), Box::new(move || fs.evict_cache().map_err(err("evict"))))
+            let rate = if c < 4 {
+                // No fsck at mount: the image was checked when the run began.
+                let config = Config { check_on_mount: false, ..policy_config(cache, POLICIES[c].1) };
+                let fs = pwfs::mount_image(image, config).map_err(err("mount"))?;
+                let f = OpenOptions::new().read(true).open(&fs, "/data").map_err(err("open"))?;
+                let cold = || fs.evict_cache().map_err(err("evict"));
+                let rate = read_slice(&Target::Pwfs(&f), random, size, file, slice, seed, &cold)?;
+                // Readahead still in flight must not run into the next column's slice.
+                cold()?;
+                drop(f);
+                fs.unmount().map_err(err("unmount"))?;
+                rate
             } else {
-                (
-                    Target::Kernel(&k),
-                    Box::new(|| {
-                        k.drop_cache();
-                        Ok(())
-                    }),
-                )
+                let k = KFile::open(kpath, false, false).map_err(err("kernel file"))?;
+                k.drop_cache();
+                let cold = || {
+                    k.drop_cache();
+                    Ok(())
+                };
+                read_slice(&Target::Kernel(&k), random, size, file, slice, seed, &cold)?
             };
-            read_slice(&target, &mut cur[c], random, size, file, slice, &*cold)?;
+            rates[c].push(rate);
         }
     }
-    drop(files);
-    for fs in fss {
-        fs.unmount().map_err(err("unmount"))?;
-    }
     let mut row = [0f64; 5];
-    for (v, c) in row.iter_mut().zip(&cur) {
-        *v = c.ops as f64 / c.busy.as_secs_f64();
+    for (v, r) in row.iter_mut().zip(rates) {
+        *v = crate::median(r);
     }
     Ok(row)
 }
@@ -350,7 +328,7 @@ fn read_cell(
 /// policy, then the same on ext4: ops/s per column.
 fn fuse_randwrite(
     o: &Opts,
-    images: &[std::path::PathBuf],
+    image: &std::path::Path,
     kpath: &std::path::Path,
     size: usize,
     cache: u64,
@@ -361,7 +339,7 @@ fn fuse_randwrite(
     std::fs::create_dir_all(&mnt).map_err(err("mkdir"))?;
     let mut row = [0f64; 5];
     for (i, (_, policy)) in POLICIES.iter().enumerate() {
-        let fs: Fs = pwfs::mount_image(&images[i], policy_config(cache, *policy)).map_err(err("mount"))?;
+        let fs: Fs = pwfs::mount_image(image, policy_config(cache, *policy)).map_err(err("mount"))?;
         let mounted = pwfs_fuse::mount(fs.clone(), &mnt, false).map_err(err("FUSE mount"))?;
         let k = KFile::open(&mnt.join("data"), false, false).map_err(err("open on the mount"))?;
         fs.evict_cache().map_err(err("evict"))?;

@@ -74,6 +74,8 @@ pub(crate) struct FsInner {
     /// first page not yet queued for reading ahead; and the background reader's queue.
     ra_next: Mutex<std::collections::HashMap<u64, (u64, u64)>>,
     ra_queue: Mutex<Option<std::sync::mpsc::Sender<(u64, u64, u64)>>>,
+    /// Readahead requests queued or being read.
+    ra_pending: AtomicU64,
     /// Pages with patches for the fetcher thread (AsyncForeground/AsyncBackground).
     fetch_queue: Mutex<Option<std::sync::mpsc::Sender<(u64, u64)>>>,
     /// Files whose patches were lost to a failed fetch after their writes returned:
@@ -287,6 +289,7 @@ impl Fs {
             helpers: Mutex::new(Vec::new()),
             ra_next: Mutex::new(Default::default()),
             ra_queue: Mutex::new(None),
+            ra_pending: AtomicU64::new(0),
             fetch_queue: Mutex::new(None),
             fetch_errors: Mutex::new(Default::default()),
             stats: FsStats::default(),
@@ -362,8 +365,13 @@ impl Fs {
         self.inner.commit()
     }
 
-    /// Drop every clean cached page (benchmarks use it for cold runs).
+    /// Drop every clean cached page (benchmarks use it for cold runs). Readahead
+    /// still in flight is waited for first, so that it neither lands in the cache
+    /// afterwards nor keeps the device busy for whoever runs next.
     pub fn evict_cache(&self) -> Result<()> {
+        while self.inner.ra_pending.load(Ordering::Acquire) > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
         self.inner.commit()?;
         self.inner.cache.evict_clean();
         Ok(())
@@ -444,21 +452,26 @@ fn readahead_thread(fs: Weak<FsInner>, rx: RaQueue) {
     loop {
         let Ok((ino, first, n)) = rx.lock().recv() else { return };
         let Some(inner) = fs.upgrade() else { return };
-        // Pages are inserted under the inode lock (as a reader: a truncate cannot run
-        // between the size check and the insert, and finds them in the cache after
-        // it), and read without it.
-        let new: Vec<Arc<Page>> = {
-            let _g = inner.locks.read(ino);
-            let size = match inner.meta.lock().inode(ino) {
-                Ok(node) => node.d.size,
-                Err(_) => continue,
-            };
-            let n = n.min(size.div_ceil(BLOCK).saturating_sub(first));
-            inner.cache.get_or_insert_range(ino, first, n).into_iter().filter(|p| p.1).map(|p| p.0).collect()
-        };
-        // A failed readahead fails its pages; the reader fetches them again.
-        let _ = inner.fetch(ino, new);
+        readahead_one(&inner, ino, first, n);
+        inner.ra_pending.fetch_sub(1, Ordering::Release);
     }
+}
+
+fn readahead_one(inner: &FsInner, ino: u64, first: u64, n: u64) {
+    // Pages are inserted under the inode lock (as a reader: a truncate cannot run
+    // between the size check and the insert, and finds them in the cache after it),
+    // and read without it.
+    let new: Vec<Arc<Page>> = {
+        let _g = inner.locks.read(ino);
+        let size = match inner.meta.lock().inode(ino) {
+            Ok(node) => node.d.size,
+            Err(_) => return,
+        };
+        let n = n.min(size.div_ceil(BLOCK).saturating_sub(first));
+        inner.cache.get_or_insert_range(ino, first, n).into_iter().filter(|p| p.1).map(|p| p.0).collect()
+    };
+    // A failed readahead fails its pages; the reader fetches them again.
+    let _ = inner.fetch(ino, new);
 }
 
 fn writeback_thread(fs: Weak<FsInner>, wake: Arc<(Mutex<bool>, Condvar)>, every: std::time::Duration) {
@@ -550,7 +563,10 @@ impl FsInner {
         };
         if let Some((from, n)) = queue {
             if let Some(q) = &*self.ra_queue.lock() {
-                let _ = q.send((ino, from, n));
+                self.ra_pending.fetch_add(1, Ordering::Relaxed);
+                if q.send((ino, from, n)).is_err() {
+                    self.ra_pending.fetch_sub(1, Ordering::Relaxed);
+                }
             }
         }
     }
