@@ -101,6 +101,15 @@ fn personality(t: &Target<'_>, name: &str, size: usize, file: u64, dur: Duration
     Ok(ops.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64())
 }
 
+/// A personality on the kernel's file, from a cold cache: ops/s.
+fn kernel_cell(kpath: &std::path::Path, p: &str, size: usize, file: u64, dur: Duration, seed: u64) -> R<f64> {
+    let k = KFile::open(kpath, false, false).map_err(err("kernel file"))?;
+    k.drop_cache();
+    let rate = personality(&Target::Kernel(&k), p, size, file, dur, seed)?;
+    k.drop_cache();
+    Ok(rate)
+}
+
 /// One slice of a read personality: from a cold cache, random offsets from `seed` or
 /// sequential from offset 0 (wrapping, untimed `cold` again, at the end), for `slice`;
 /// operations per second.
@@ -193,10 +202,7 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<(Report, String)> {
                     drop(f);
                     fs.unmount().map_err(err("unmount"))?;
                 }
-                let k = KFile::open(&kpath, false, false).map_err(err("kernel file"))?;
-                k.drop_cache();
-                row[4] = personality(&Target::Kernel(&k), p, size, file, dur, o.seed)?;
-                k.drop_cache();
+                row[4] = kernel_cell(&kpath, p, size, file, dur, o.seed)?;
                 row
             };
             table.push((p.to_string(), size, row));
@@ -348,10 +354,7 @@ fn fuse_randwrite(
         mounted.unmount().map_err(err("FUSE unmount"))?;
         fs.unmount().map_err(err("unmount"))?;
     }
-    let k = KFile::open(kpath, false, false).map_err(err("kernel file"))?;
-    k.drop_cache();
-    row[4] = personality(&Target::Kernel(&k), "randwrite", size, file, dur, o.seed)?;
-    k.drop_cache();
+    row[4] = kernel_cell(kpath, "randwrite", size, file, dur, o.seed)?;
     let _ = std::fs::remove_dir(&mnt);
     Ok(row)
 }

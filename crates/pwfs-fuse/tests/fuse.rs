@@ -107,11 +107,7 @@ fn posix_calls_through_the_kernel() {
 
     let st = nix_statvfs(&dir);
     assert!(st > 0, "statfs reports free blocks");
-    mounted.unmount().unwrap();
-    fs.unmount().unwrap();
-    let r = pwfs::fsck::check(&*dev).unwrap();
-    assert!(r.is_clean(), "{:?}", r.errors);
-    std::fs::remove_dir_all(&dir).unwrap();
+    unmount_and_check(mounted, fs, &*dev, &dir);
 }
 
 /// O_TRUNC through the kernel: it truncates (also with O_RDONLY, as on Linux), and it
@@ -164,11 +160,7 @@ fn o_trunc_truncates_but_not_a_running_binary() {
     assert!(child.wait().unwrap().success(), "the running binary was damaged");
     assert_eq!(std::fs::read(p("sleep")).unwrap(), sleep);
 
-    mounted.unmount().unwrap();
-    fs.unmount().unwrap();
-    let r = pwfs::fsck::check(&*dev).unwrap();
-    assert!(r.is_clean(), "{:?}", r.errors);
-    std::fs::remove_dir_all(&dir).unwrap();
+    unmount_and_check(mounted, fs, &*dev, &dir);
 }
 
 /// A non-blocking write whose page then cannot be read is reported by close(2) through
@@ -206,9 +198,16 @@ fn close_reports_a_lost_write() {
         assert!(fd >= 0);
         assert_eq!(libc::close(fd), 0, "once");
     }
+    unmount_and_check(mounted, fs, &*dev, &dir);
+}
+
+/// Unmount the kernel's view, then the engine; the image must pass fsck.
+fn unmount_and_check(mounted: pwfs_fuse::Mounted, fs: Fs, dev: &dyn pwfs::device::Device, dir: &std::path::Path) {
     mounted.unmount().unwrap();
     fs.unmount().unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
+    let r = pwfs::fsck::check(dev).unwrap();
+    assert!(r.is_clean(), "{:?}", r.errors);
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 fn nix_statvfs(path: &std::path::Path) -> u64 {
