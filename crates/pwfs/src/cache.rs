@@ -79,7 +79,7 @@ impl PageData {
     /// top): merging only from the tail never lets older bytes overtake newer ones.
     /// Returns the change in patch bytes.
     pub fn add_patch(&mut self, offset: usize, data: &[u8]) -> isize {
-        let before: usize = self.patches.iter().map(|p| p.data.len()).sum();
+        let before = self.patch_bytes();
         let (mut start, mut end) = (offset, offset + data.len());
         let mut absorbed = Vec::new();
         while let Some(last) = self.patches.last() {
@@ -100,8 +100,12 @@ impl PageData {
         }
         merged[offset - start..offset - start + data.len()].copy_from_slice(data);
         self.patches.push(Patch { offset: start as u16, data: merged });
-        let after: usize = self.patches.iter().map(|p| p.data.len()).sum();
-        after as isize - before as isize
+        self.patch_bytes() as isize - before as isize
+    }
+
+    /// Bytes held in patches.
+    pub fn patch_bytes(&self) -> usize {
+        self.patches.iter().map(|p| p.data.len()).sum()
     }
 
     /// Copy `out.len()` bytes at `offset` from the patches if they cover all of them.
@@ -180,10 +184,12 @@ impl Page {
     }
 
     /// The fetch is done: pending patches are applied in order, and the page becomes
-    /// readable (Dirty if it had patches) and waiters wake.
-    pub fn complete(&self, mut g: MutexGuard<'_, PageData>, mut buf: AlignedBuf) -> usize {
+    /// readable (Dirty if it had patches) and waiters wake. The caller settles the
+    /// accounting of the patches (`g.patch_bytes()`) before, under the same lock, so
+    /// that no one who waited for the page sees it readable with its patches still
+    /// counted.
+    pub fn complete(&self, mut g: MutexGuard<'_, PageData>, mut buf: AlignedBuf) {
         let patches = std::mem::take(&mut g.patches);
-        let bytes = patches.iter().map(|p| p.data.len()).sum();
         for p in &patches {
             buf[p.offset as usize..p.offset as usize + p.data.len()].copy_from_slice(&p.data);
         }
@@ -191,7 +197,6 @@ impl Page {
         g.state = if patches.is_empty() { PageState::UpToDate } else { PageState::Dirty };
         drop(g);
         self.cond.notify_all();
-        bytes
     }
 }
 

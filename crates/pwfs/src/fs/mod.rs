@@ -922,7 +922,9 @@ impl FsInner {
     /// A fetch failed: waiters get EIO, the page leaves the cache, and if writes had
     /// already returned with patches on it, the file's next fsync reports the loss.
     fn fail_page(&self, ino: u64, page: &Page) {
-        let lost: usize = page.lock().patches.iter().map(|p| p.data.len()).sum();
+        // The patches are taken, so that no one settles them a second time (a truncate
+        // that waited for this page).
+        let lost: usize = std::mem::take(&mut page.lock().patches).iter().map(|p| p.data.len()).sum();
         if lost > 0 {
             self.stats.patch_bytes.fetch_sub(lost as i64, Ordering::Relaxed);
             self.stats.patched_pages.fetch_sub(1, Ordering::Relaxed);
@@ -931,7 +933,8 @@ impl FsInner {
         self.cache.fail(page);
     }
 
-    /// A page's patches (`applied` bytes, 0 if it had none) were applied to its data.
+    /// A page's patches (`applied` bytes, 0 if it had none) are applied to its data
+    /// (called under the page lock, before the page becomes readable).
     fn settle_patches(&self, applied: usize) {
         if applied > 0 {
             self.stats.patch_bytes.fetch_sub(applied as i64, Ordering::Relaxed);
@@ -1010,8 +1013,8 @@ impl FsInner {
         for (i, (p, b)) in pages.iter().zip(&maps).enumerate() {
             let Some(b) = *b else {
                 let g = p.lock();
-                let applied = p.complete(g, self.dev.alloc_zeroed(BLOCK_SIZE));
-                self.settle_patches(applied);
+                self.settle_patches(g.patch_bytes());
+                p.complete(g, self.dev.alloc_zeroed(BLOCK_SIZE));
                 last = None;
                 continue;
             };
@@ -1035,8 +1038,8 @@ impl FsInner {
                 Ok(()) => {
                     for (buf, i) in d.bufs.into_iter().zip(own) {
                         let g = pages[i].lock();
-                        let applied = pages[i].complete(g, buf);
-                        self.settle_patches(applied);
+                        self.settle_patches(g.patch_bytes());
+                        pages[i].complete(g, buf);
                     }
                 }
                 Err(e) => {
