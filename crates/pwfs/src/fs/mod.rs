@@ -468,7 +468,7 @@ fn readahead_one(inner: &FsInner, ino: u64, first: u64, n: u64) {
             Err(_) => return,
         };
         let n = n.min(size.div_ceil(BLOCK).saturating_sub(first));
-        inner.cache.get_or_insert_range(ino, first, n).into_iter().filter(|p| p.1).map(|p| p.0).collect()
+        inner.cache.read_ahead_range(ino, first, n).into_iter().filter(|p| p.1).map(|p| p.0).collect()
     };
     // A failed readahead fails its pages; the reader fetches them again.
     let _ = inner.fetch(ino, new);
