@@ -33,20 +33,23 @@ pub struct Opts {
     /// Repetitions of throughput runs; the median is reported.
     pub runs: usize,
     pub seed: u64,
+    /// Parts of the workload to run (`pwfs bench nbw --only randread,seqread`); empty:
+    /// all of them.
+    pub only: Vec<String>,
 }
 
 impl Opts {
     /// Full size: a file larger than the default cache, thousands of samples.
     pub fn full(dir: PathBuf) -> Opts {
-        Opts { dir, file_mib: 1024, ops: 4000, runs: 3, seed: 42 }
+        Opts { dir, file_mib: 1024, ops: 4000, runs: 3, seed: 42, only: Vec::new() }
     }
     /// `--quick`: the README's first run; a minute or so.
     pub fn quick(dir: PathBuf) -> Opts {
-        Opts { dir, file_mib: 256, ops: 2000, runs: 3, seed: 42 }
+        Opts { dir, file_mib: 256, ops: 2000, runs: 3, seed: 42, only: Vec::new() }
     }
     /// `--smoke`: seconds; CI runs it so the benchmarks cannot rot.
     pub fn smoke(dir: PathBuf) -> Opts {
-        Opts { dir, file_mib: 16, ops: 100, runs: 1, seed: 42 }
+        Opts { dir, file_mib: 16, ops: 100, runs: 1, seed: 42, only: Vec::new() }
     }
 }
 

@@ -80,6 +80,10 @@ enum Cmd {
         /// Where to write the JSON record (default: DIR/WORKLOAD.json).
         #[arg(long)]
         json: Option<PathBuf>,
+        /// nbw only: run these parts alone (comma-separated: seqwrite, randwrite, randrw,
+        /// randread, seqread, fuse).
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
     },
 }
 
@@ -231,14 +235,18 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             mount::umount(&mountpoint)?;
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Bench { workload, quick, smoke, dir, json } => {
-            let opts = if smoke {
+        Cmd::Bench { workload, quick, smoke, dir, json, only } => {
+            let mut opts = if smoke {
                 pwfs_bench::Opts::smoke(dir.clone())
             } else if quick {
                 pwfs_bench::Opts::quick(dir.clone())
             } else {
                 pwfs_bench::Opts::full(dir.clone())
             };
+            if !only.is_empty() && !matches!(workload, Workload::Nbw) {
+                return Err("--only applies to `pwfs bench nbw`".into());
+            }
+            opts.only = only;
             let (name, r) = match workload {
                 Workload::Basic => ("basic", pwfs_bench::basic::run(&opts, &mut |s| eprintln!("bench basic: {s}..."))?),
                 Workload::Fuse => ("fuse", pwfs_bench::fuse::run(&opts, &mut |s| eprintln!("bench fuse: {s}..."))?),
