@@ -270,10 +270,11 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<(Report, String)> {
             "0.97..1.03".into(),
             (worst - 1.0).abs() <= 0.03,
         ));
+        let how = if p == "randread" { "operation by operation" } else { "4 MiB cold bursts" };
         let cells: Vec<String> =
             ratios.iter().map(|(size, v)| format!("{size} B {:.3}/{:.3}/{:.3}", v[0], v[1], v[2])).collect();
         r.notes.push(format!(
-            "{p}, the four policies interleaved operation by operation, ratio to Blocking (Async-FG/Async-BG/Lazy): {}",
+            "{p}, the four policies interleaved ({how}), ratio to Blocking (Async-FG/Async-BG/Lazy): {}",
             cells.join(", ")
         ));
     }
@@ -291,7 +292,7 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<(Report, String)> {
         r.notes.push("FUSE row skipped: needs root and /dev/fuse".into());
     }
     r.notes.push("pwfs columns run through the Rust API with the given fetch policy (the FUSE row: a program's pwrite on the mount); ext4 is a buffered file on the same disk, cache dropped with POSIX_FADV_DONTNEED before each cell".into());
-    r.notes.push(format!("write cells: one column after another, each from a cold cache; read cells: {ROUNDS} rounds of slices in rotating order, every slice from a cold cache (pwfs: a fresh mount of the same image), slice k of every column reading the same offsets; a read cell's figure is the median of its slices; the read targets compare the policies interleaved operation by operation (four mounts of the image reading the same offsets in turn, in shuffled order, each operation timed), which this machine's drift cannot tell apart"));
+    r.notes.push(format!("write cells: one column after another, each from a cold cache; read cells: {ROUNDS} rounds of slices in rotating order, every slice from a cold cache (pwfs: a fresh mount of the same image), slice k of every column reading the same offsets; a read cell's figure is the median of its slices; the read targets compare the four policies interleaved, on 8 fresh sets of four mounts of the image (random reads: every offset read by the four in shuffled order, each operation timed; sequential: 4 MiB regions read cold by the four in shuffled order, the median over rounds of the ratio of burst times), so that the machine's drift falls on all four alike"));
     let svg = plot(&table, &cols);
     Ok((r, svg))
 }
