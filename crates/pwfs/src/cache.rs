@@ -211,6 +211,8 @@ struct Map {
     pages: KeyMap<Arc<Page>>,
     clock: VecDeque<Key>,
     dirty: BTreeSet<Key>,
+    /// Insertions that skip eviction because the last sweep found nothing to evict.
+    skip: usize,
 }
 
 pub struct PageCache {
@@ -222,7 +224,7 @@ pub struct PageCache {
 impl PageCache {
     pub fn new(capacity_pages: usize) -> PageCache {
         PageCache {
-            map: Mutex::new(Map { pages: KeyMap::default(), clock: VecDeque::new(), dirty: BTreeSet::new() }),
+            map: Mutex::new(Map { pages: KeyMap::default(), clock: VecDeque::new(), dirty: BTreeSet::new(), skip: 0 }),
             capacity: capacity_pages.max(16),
             stats: CacheStats::default(),
         }
@@ -376,10 +378,21 @@ impl PageCache {
     }
 
     /// CLOCK sweep: drop up to a few clean, unreferenced, unshared pages.
+    ///
+    /// The sweep looks at a bounded number of pages, and when it finds nothing to evict
+    /// the next insertions do not sweep at all: when the cache holds mostly pages that
+    /// cannot go (dirty, or only patches waiting for their data under Lazy), a sweep of
+    /// the whole clock on every insertion cost each write milliseconds under the map
+    /// lock (Lazy random 2 KiB writes: 37,000/s until the cache filled, then 370/s).
+    /// The cache runs over its capacity meanwhile; write-back brings it back.
     fn evict(&self, m: &mut Map) {
         let target = (self.capacity / 64).max(1);
+        if m.skip > 0 {
+            m.skip -= 1;
+            return;
+        }
         let mut freed = 0;
-        let mut budget = m.clock.len() * 2;
+        let mut budget = (m.clock.len() * 2).min((target * 8).max(1024));
         while freed < target && budget > 0 {
             budget -= 1;
             let Some(k) = m.clock.pop_front() else { break };
@@ -398,6 +411,9 @@ impl PageCache {
             m.pages.remove(&k);
             freed += 1;
             self.stats.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+        if freed == 0 {
+            m.skip = target;
         }
     }
 }
@@ -441,6 +457,28 @@ mod tests {
         assert_eq!(ahead_kept, 16, "no page read ahead and not yet read was evicted");
         assert_eq!(read_kept, 32, "the oldest pages already read were evicted instead");
         assert!((0..16).all(|i| !m.pages.contains_key(&(1, i))));
+    }
+
+    /// A cache full of pages that cannot go (dirty) runs over its capacity instead of
+    /// sweeping the whole clock on every insertion, and evicts again once pages are
+    /// clean.
+    #[test]
+    fn a_cache_of_dirty_pages_overflows_and_then_evicts_again() {
+        let cache = PageCache::new(64);
+        for (p, _) in cache.get_or_insert_range(1, 0, 64) {
+            fill(&p);
+        }
+        cache.mark_dirty_range(1, 0, 64);
+        for (p, _) in cache.get_or_insert_range(2, 0, 2) {
+            fill(&p);
+        }
+        assert_eq!(cache.len(), 66, "nothing could be evicted");
+        drop(cache.take_dirty()); // written back: clean now
+        for (p, _) in cache.get_or_insert_range(2, 2, 4) {
+            fill(&p);
+        }
+        assert_eq!(cache.len(), 66, "every insertion after the skip evicted a page");
+        assert_eq!(cache.stats.evictions.load(Ordering::Relaxed), 4);
     }
 
     /// Readahead finding a page in the cache is not an access: a page read once and

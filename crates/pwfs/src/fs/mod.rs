@@ -991,11 +991,26 @@ impl FsInner {
     }
 
     /// Read the given freshly inserted (Fetching) pages of `ino` from the device, or
-    /// zero-fill the ones that map to no block. On error every page is failed.
-    pub fn fetch(&self, ino: u64, pages: Vec<Arc<Page>>) -> Result<()> {
-        if pages.is_empty() {
-            return Ok(());
+    /// zero-fill the ones that map to no block. A page whose read fails is failed; the
+    /// first error is returned.
+    ///
+    /// Pages go to the device and become readable a chunk at a time: a thread waiting
+    /// for one page of a big fetch (write-back resolving every patched page under Lazy)
+    /// waits for its chunk, not for the whole fetch.
+    pub fn fetch(&self, ino: u64, mut pages: Vec<Arc<Page>>) -> Result<()> {
+        const CHUNK: usize = 256;
+        let mut result = Ok(());
+        while !pages.is_empty() {
+            let rest = pages.split_off(pages.len().min(CHUNK));
+            let r = self.fetch_chunk(ino, std::mem::replace(&mut pages, rest));
+            if result.is_ok() {
+                result = r;
+            }
         }
+        result
+    }
+
+    fn fetch_chunk(&self, ino: u64, pages: Vec<Arc<Page>>) -> Result<()> {
         let maps: Result<Vec<Option<u64>>> = {
             let mut m = self.meta.lock();
             m.inode(ino).map(|node| pages.iter().map(|p| node.map(p.key.1)).collect())
