@@ -554,6 +554,26 @@ mod tests {
         assert_eq!(r.rows.len(), PERSONALITIES.len() * SIZES.len() + fuse);
         r.check_filled().unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("randwrite"));
+        // Both read targets come from the interleaved comparison, with a finite ratio.
+        for p in ["randread", "seqread"] {
+            let t = r.targets.iter().find(|t| t.0.starts_with(p)).expect("read target");
+            assert!(t.1.is_finite() && t.1 > 0.0, "{t:?}");
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// `--only` runs the parts named and nothing else; an unknown part is refused.
+    #[test]
+    fn only_runs_the_parts_named() {
+        let dir = std::env::temp_dir().join(format!("pwfs-bench-nbw-only-{}", std::process::id()));
+        let opts = Opts { only: vec!["randread".into()], ..Opts::smoke(dir.clone()) };
+        let (r, svg) = run(&opts, &mut |_| {}).unwrap();
+        assert_eq!(r.rows.len(), SIZES.len());
+        assert!(r.rows.iter().all(|row| row.name.starts_with("randread")));
+        assert_eq!(r.targets.len(), 1);
+        assert!(!svg.contains("randwrite"));
+        let bad = Opts { only: vec!["randwrit".into()], ..Opts::smoke(dir.clone()) };
+        assert!(run(&bad, &mut |_| {}).unwrap_err().contains("unknown part"));
         let _ = std::fs::remove_dir_all(dir);
     }
 }
