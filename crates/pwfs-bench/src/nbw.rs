@@ -239,6 +239,7 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<(Report, String)> {
             dur.as_millis()
         ),
         columns: cols.iter().map(|c| c.to_string()).collect(),
+        ratio_bases: vec!["Blocking".into(), "ext4".into()],
         ..Default::default()
     };
     for (p, size, row) in &table {
@@ -554,6 +555,11 @@ mod tests {
         assert_eq!(r.rows.len(), PERSONALITIES.len() * SIZES.len() + fuse);
         r.check_filled().unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("randwrite"));
+        // Every cell relative to Blocking and to ext4, printed and in the JSON.
+        let text = r.table();
+        assert!(text.contains("relative to Blocking") && text.contains("relative to ext4"));
+        let ratio = &r.json()["rows"][0]["ratios"];
+        assert!(ratio["Blocking"]["Async-FG"].is_number() && ratio["ext4"]["Blocking"].is_number(), "{ratio}");
         // Both read targets come from the interleaved comparison, with a finite ratio.
         for p in ["randread", "seqread"] {
             let t = r.targets.iter().find(|t| t.0.starts_with(p)).expect("read target");

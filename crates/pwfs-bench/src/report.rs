@@ -21,6 +21,9 @@ pub struct Report {
     /// (description, ratio, target, met)
     pub targets: Vec<(String, f64, String, bool)>,
     pub notes: Vec<String>,
+    /// Columns every other column of a row is also shown relative to (`pwfs bench
+    /// nbw`: Blocking and ext4), as tables after the main one and in the JSON.
+    pub ratio_bases: Vec<String>,
 }
 
 impl Report {
@@ -67,7 +70,11 @@ impl Report {
         for c in &self.columns {
             let _ = write!(s, "{c:>15}");
         }
-        let _ = writeln!(s, "{:>22}", "pwfs / best kernel");
+        let pwfs_column = self.columns.iter().any(|c| c == "pwfs");
+        if pwfs_column {
+            let _ = write!(s, "{:>22}", "pwfs / best kernel");
+        }
+        let _ = writeln!(s);
         for r in &self.rows {
             let _ = write!(s, "{:<34}", format!("{} ({})", r.name, r.unit));
             for c in &self.columns {
@@ -90,9 +97,34 @@ impl Report {
                 Some(p) if best.is_finite() && best > 0.0 => {
                     let _ = writeln!(s, "{:>21.2}x", p / best);
                 }
-                _ => {
+                _ if pwfs_column => {
                     let _ = writeln!(s, "{:>22}", "-");
                 }
+                _ => {
+                    let _ = writeln!(s);
+                }
+            }
+        }
+        for base in &self.ratio_bases {
+            let _ = writeln!(s, "\nrelative to {base}:");
+            let _ = write!(s, "{:<34}", "");
+            let others: Vec<&String> = self.columns.iter().filter(|c| *c != base).collect();
+            for c in &others {
+                let _ = write!(s, "{c:>15}");
+            }
+            let _ = writeln!(s);
+            for r in &self.rows {
+                let _ = write!(s, "{:<34}", r.name);
+                for c in &others {
+                    let ratio =
+                        r.values.get(*c).copied().unwrap_or(f64::NAN) / r.values.get(base).copied().unwrap_or(f64::NAN);
+                    if ratio.is_finite() {
+                        let _ = write!(s, "{:>14.2}x", ratio);
+                    } else {
+                        let _ = write!(s, "{:>15}", "-");
+                    }
+                }
+                let _ = writeln!(s);
             }
         }
         if !self.targets.is_empty() {
@@ -114,6 +146,14 @@ impl Report {
             "rows": self.rows.iter().map(|r| json!({
                 "name": r.name, "unit": r.unit, "lower_is_better": r.lower_is_better,
                 "values": r.values.iter().map(|(k, v)| (k.clone(), if v.is_finite() { json!(v) } else { Value::Null })).collect::<serde_json::Map<_, _>>(),
+                "ratios": self.ratio_bases.iter().filter_map(|b| {
+                    let base = *r.values.get(b)?;
+                    let rel = r.values.iter().filter(|(k, _)| *k != b).map(|(k, v)| {
+                        let x = v / base;
+                        (k.clone(), if x.is_finite() { json!(x) } else { Value::Null })
+                    }).collect::<serde_json::Map<_, _>>();
+                    Some((b.clone(), Value::Object(rel)))
+                }).collect::<serde_json::Map<_, _>>(),
             })).collect::<Vec<_>>(),
             "targets": self.targets.iter().map(|(w, r, t, m)| json!({"what": w, "ratio": r, "target": t, "met": m})).collect::<Vec<_>>(),
             "notes": self.notes,
