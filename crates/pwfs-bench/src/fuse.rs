@@ -50,13 +50,6 @@ fn run_cmd(cmd: &mut Command) -> R<()> {
     Ok(())
 }
 
-/// A FUSE mount needs root and /dev/fuse.
-pub fn can_mount() -> bool {
-    // SAFETY: plain syscall.
-    let root = unsafe { libc::geteuid() } == 0;
-    root && Path::new("/dev/fuse").exists()
-}
-
 /// One side of the comparison: a directory, and the engine behind it if it is ours.
 struct Side {
     dir: PathBuf,
@@ -273,7 +266,7 @@ mod tests {
     /// The smoke run completes (as root with /dev/fuse; elsewhere it says so).
     #[test]
     fn smoke_run_fills_the_table() {
-        if !can_mount() {
+        if !pwfs_fuse::can_mount() {
             eprintln!("skipping: needs root and /dev/fuse");
             return;
         }

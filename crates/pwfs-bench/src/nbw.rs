@@ -102,10 +102,10 @@ fn personality(t: &Target<'_>, name: &str, size: usize, file: u64, dur: Duration
 }
 
 /// A personality on the kernel's file, from a cold cache: ops/s.
-fn kernel_cell(kpath: &std::path::Path, p: &str, size: usize, file: u64, dur: Duration, seed: u64) -> R<f64> {
-    let k = KFile::open(kpath, false, false).map_err(err("kernel file"))?;
+fn kernel_cell(s: &Setup, p: &str, size: usize) -> R<f64> {
+    let k = KFile::open(&s.kpath, false, false).map_err(err("kernel file"))?;
     k.drop_cache();
-    let rate = personality(&Target::Kernel(&k), p, size, file, dur, seed)?;
+    let rate = personality(&Target::Kernel(&k), p, size, s.file, s.dur, s.seed)?;
     k.drop_cache();
     Ok(rate)
 }
@@ -160,6 +160,17 @@ fn policy_config(cache: u64, policy: FetchPolicy) -> Config {
     Config { cache_bytes: cache, fetch: policy, ..Default::default() }
 }
 
+/// What every cell of a run shares: the image and the kernel's file, the cache and
+/// file sizes, the time per cell and the seed.
+struct Setup {
+    image: std::path::PathBuf,
+    kpath: std::path::PathBuf,
+    cache: u64,
+    file: u64,
+    dur: Duration,
+    seed: u64,
+}
+
 pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<(Report, String)> {
     // Cache and file: the file is 4× the cache, as in the paper.
     let (cache, dur) = match o.file_mib {
@@ -192,6 +203,7 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<(Report, String)> {
         }
         k.fsync().map_err(err("fsync"))?;
     }
+    let setup = Setup { image: image.clone(), kpath: kpath.clone(), cache, file, dur, seed: o.seed };
     let mut table: Vec<(String, usize, [f64; 5])> = Vec::new();
     // Read cells: each policy's ratio to Blocking, from the four reading at once.
     let mut paired: Vec<(String, usize, [f64; 3])> = Vec::new();
@@ -199,8 +211,8 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<(Report, String)> {
         for &size in &SIZES {
             progress(&format!("{p} {size} B"));
             let row = if p == "randread" || p == "seqread" {
-                let row = read_cell(&image, &kpath, p == "randread", size, cache, file, dur, o.seed)?;
-                let ratios = read_interleaved(&image, p == "randread", size, cache, file, dur, o.seed)?;
+                let row = read_cell(&setup, p == "randread", size)?;
+                let ratios = read_interleaved(&setup, p == "randread", size)?;
                 paired.push((p.to_string(), size, ratios));
                 row
             } else {
@@ -213,7 +225,7 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<(Report, String)> {
                     drop(f);
                     fs.unmount().map_err(err("unmount"))?;
                 }
-                row[4] = kernel_cell(&kpath, p, size, file, dur, o.seed)?;
+                row[4] = kernel_cell(&setup, p, size)?;
                 row
             };
             table.push((p.to_string(), size, row));
@@ -221,9 +233,9 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<(Report, String)> {
     }
     // Through the FUSE mount: random 2 KiB writes by a program (pwrite on the mount),
     // every policy against ext4. Needs root and /dev/fuse.
-    let fuse_row = if wanted("fuse") && crate::fuse::can_mount() {
+    let fuse_row = if wanted("fuse") && pwfs_fuse::can_mount() {
         progress("randwrite 2048 B through the FUSE mount");
-        Some(fuse_randwrite(o, &image, &kpath, 2048, cache, file, dur)?)
+        Some(fuse_randwrite(&o.dir, &setup, 2048)?)
     } else {
         None
     };
@@ -303,17 +315,9 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<(Report, String)> {
 /// column's policy (cold, and the host's caching of the image file is the same for
 /// every column), the kernel's slice starts with its cache dropped; slice k of every
 /// column reads the same offsets.
-#[allow(clippy::too_many_arguments)]
-fn read_cell(
-    image: &std::path::Path,
-    kpath: &std::path::Path,
-    random: bool,
-    size: usize,
-    cache: u64,
-    file: u64,
-    dur: Duration,
-    seed: u64,
-) -> R<[f64; 5]> {
+fn read_cell(s: &Setup, random: bool, size: usize) -> R<[f64; 5]> {
+    let Setup { image, kpath, cache, file, dur, seed } = s;
+    let (cache, file, dur, seed) = (*cache, *file, *dur, *seed);
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); 5];
     let slice = dur / ROUNDS;
     for round in 0..ROUNDS as usize {
@@ -365,17 +369,10 @@ fn read_cell(
 /// ratio is the median over rounds of Blocking's burst time over the policy's in the
 /// same round, so that neither the drift nor a hiccup of the host during one burst
 /// lands on one policy.
-fn read_interleaved(
-    image: &std::path::Path,
-    random: bool,
-    size: usize,
-    cache: u64,
-    file: u64,
-    dur: Duration,
-    seed: u64,
-) -> R<[f64; 3]> {
+fn read_interleaved(s: &Setup, random: bool, size: usize) -> R<[f64; 3]> {
     use pwfs::device::uring::{Lock, UringDevice, UringOptions};
     use rand::seq::SliceRandom;
+    let (cache, file, dur, seed) = (s.cache, s.file, s.dur, s.seed);
     let mut buf = vec![0u8; size];
     let slots = file / size as u64 - 1;
     let mut rng = SmallRng::seed_from_u64(seed);
@@ -396,11 +393,9 @@ fn read_interleaved(
         let mut mount_order = [0usize, 1, 2, 3];
         mount_order.shuffle(&mut rng);
         for c in mount_order {
-            let policy = POLICIES[c].1;
-            let arena_bytes = 2 * cache as usize + (16 << 20);
-            let opts = UringOptions { arena_bytes, lock: Lock::None, ..Default::default() };
-            let dev = UringDevice::open(image, &opts).map_err(err("open the image"))?;
-            let config = Config { check_on_mount: false, ..policy_config(cache, policy) };
+            let config = Config { check_on_mount: false, ..policy_config(cache, POLICIES[c].1) };
+            let opts = UringOptions { lock: Lock::None, ..pwfs::device_options(&config) };
+            let dev = UringDevice::open(&s.image, &opts).map_err(err("open the image"))?;
             slots_of[c] = Some(Fs::mount(std::sync::Arc::new(dev), config).map_err(err("mount"))?);
         }
         let mounts: Vec<Fs> = slots_of.into_iter().map(|m| m.expect("mounted")).collect();
@@ -457,29 +452,21 @@ const GENERATIONS: u32 = 8;
 
 /// Random writes of `size` bytes by a program on a pwfs FUSE mount, one mount per
 /// policy, then the same on ext4: ops/s per column.
-fn fuse_randwrite(
-    o: &Opts,
-    image: &std::path::Path,
-    kpath: &std::path::Path,
-    size: usize,
-    cache: u64,
-    file: u64,
-    dur: Duration,
-) -> R<[f64; 5]> {
-    let mnt = o.dir.join("nbw-mnt");
+fn fuse_randwrite(dir: &std::path::Path, s: &Setup, size: usize) -> R<[f64; 5]> {
+    let mnt = dir.join("nbw-mnt");
     std::fs::create_dir_all(&mnt).map_err(err("mkdir"))?;
     let mut row = [0f64; 5];
     for (i, (_, policy)) in POLICIES.iter().enumerate() {
-        let fs: Fs = pwfs::mount_image(image, policy_config(cache, *policy)).map_err(err("mount"))?;
+        let fs: Fs = pwfs::mount_image(&s.image, policy_config(s.cache, *policy)).map_err(err("mount"))?;
         let mounted = pwfs_fuse::mount(fs.clone(), &mnt, false).map_err(err("FUSE mount"))?;
         let k = KFile::open(&mnt.join("data"), false, false).map_err(err("open on the mount"))?;
         fs.evict_cache().map_err(err("evict"))?;
-        row[i] = personality(&Target::Kernel(&k), "randwrite", size, file, dur, o.seed)?;
+        row[i] = personality(&Target::Kernel(&k), "randwrite", size, s.file, s.dur, s.seed)?;
         drop(k);
         mounted.unmount().map_err(err("FUSE unmount"))?;
         fs.unmount().map_err(err("unmount"))?;
     }
-    row[4] = kernel_cell(kpath, "randwrite", size, file, dur, o.seed)?;
+    row[4] = kernel_cell(s, "randwrite", size)?;
     let _ = std::fs::remove_dir(&mnt);
     Ok(row)
 }
@@ -551,7 +538,7 @@ mod tests {
     fn smoke_run_fills_the_table() {
         let dir = std::env::temp_dir().join(format!("pwfs-bench-nbw-{}", std::process::id()));
         let (r, svg) = run(&Opts::smoke(dir.clone()), &mut |_| {}).unwrap();
-        let fuse = usize::from(crate::fuse::can_mount());
+        let fuse = usize::from(pwfs_fuse::can_mount());
         assert_eq!(r.rows.len(), PERSONALITIES.len() * SIZES.len() + fuse);
         r.check_filled().unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("randwrite"));

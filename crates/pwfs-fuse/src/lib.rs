@@ -503,6 +503,13 @@ impl Mounted {
     }
 }
 
+/// Whether this process can mount (root, and /dev/fuse present).
+pub fn can_mount() -> bool {
+    // SAFETY: plain syscall.
+    let root = unsafe { libc::geteuid() } == 0;
+    root && std::path::Path::new("/dev/fuse").exists()
+}
+
 /// Serve `fs` at `mountpoint` on background threads.
 pub fn mount(fs: Fs, mountpoint: &Path, allow_other: bool) -> std::io::Result<Mounted> {
     // One serving thread per CPU (at least two): measured on 2 CPUs, untar of

@@ -8,13 +8,19 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::sync::Arc;
 
 fn can_mount() -> bool {
-    // SAFETY: plain syscall.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !(root && std::path::Path::new("/dev/fuse").exists()) {
+    let can = pwfs_fuse::can_mount();
+    if !can {
         eprintln!("skipping: FUSE tests need root and /dev/fuse");
-        return false;
     }
-    true
+    can
+}
+
+/// Mount `fs` through the kernel on a fresh directory named after `name`.
+fn mount_on(fs: &Fs, name: &str) -> (std::path::PathBuf, pwfs_fuse::Mounted) {
+    let dir = std::env::temp_dir().join(format!("pwfs-fuse-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mounted = pwfs_fuse::mount(fs.clone(), &dir, false).unwrap();
+    (dir, mounted)
 }
 
 fn errno<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
@@ -29,9 +35,7 @@ fn posix_calls_through_the_kernel() {
     let dev = Arc::new(MemDevice::new(128 << 20));
     pwfs::mkfs(&*dev, &MkfsOptions::default()).unwrap();
     let fs = Fs::mount(dev.clone(), Config { cache_bytes: 8 << 20, ..Default::default() }).unwrap();
-    let dir = std::env::temp_dir().join(format!("pwfs-fuse-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mounted = pwfs_fuse::mount(fs.clone(), &dir, false).unwrap();
+    let (dir, mounted) = mount_on(&fs, "posix");
     let p = |s: &str| dir.join(s);
 
     // Files: create, write, read back, append, truncate, sparse.
@@ -122,9 +126,7 @@ fn o_trunc_truncates_but_not_a_running_binary() {
     let dev = Arc::new(MemDevice::new(64 << 20));
     pwfs::mkfs(&*dev, &MkfsOptions::default()).unwrap();
     let fs = Fs::mount(dev.clone(), Config { cache_bytes: 8 << 20, ..Default::default() }).unwrap();
-    let dir = std::env::temp_dir().join(format!("pwfs-fuse-trunc-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mounted = pwfs_fuse::mount(fs.clone(), &dir, false).unwrap();
+    let (dir, mounted) = mount_on(&fs, "trunc");
     let p = |s: &str| dir.join(s);
     let open = |path: &std::path::Path, flags: i32| {
         // SAFETY: plain syscalls on a NUL-terminated path.
@@ -178,9 +180,7 @@ fn close_reports_a_lost_write() {
     let fs = Fs::mount(dev.clone(), config).unwrap();
     fs.write_file("/f", &[7u8; 64 * 1024]).unwrap();
     fs.evict_cache().unwrap();
-    let dir = std::env::temp_dir().join(format!("pwfs-fuse-close-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mounted = pwfs_fuse::mount(fs.clone(), &dir, false).unwrap();
+    let (dir, mounted) = mount_on(&fs, "close");
     let path = cpath(&dir.join("f"));
     // SAFETY: plain syscalls on a NUL-terminated path and a local buffer.
     unsafe {

@@ -12,9 +12,9 @@ pub enum FetchPolicy {
     /// Read the page first, then write into it (the baseline, the off-switch).
     Blocking,
     /// The writer queues the fetch itself as it returns (the fetch runs on the
-    /// fetcher thread: the device API is synchronous). The default: the fastest on
-    /// random partial writes here (docs/BENCHMARKS.md) and the one that leaves the
-    /// fewest patches outstanding.
+    /// fetcher thread: the device API is synchronous). The default: it fetches while
+    /// the writer goes on, so writers meet short pauses (Lazy has a higher average
+    /// through the API but pauses of ~400 ms; docs/DECISIONS.md).
     #[default]
     AsyncForeground,
     /// The fetcher thread fetches pages with patches soon after the write.

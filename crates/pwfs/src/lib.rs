@@ -31,16 +31,22 @@ use device::uring::{Lock, UringDevice, UringOptions};
 use std::path::Path;
 use std::sync::Arc;
 
-/// Open an image file or block device with the io_uring engine, sized for `config`:
-/// locked exclusively for writing, shared for a read-only `config`.
-pub fn open_device(path: &Path, config: &Config) -> Result<Arc<dyn device::Device>> {
-    // The cache's pages, plus the copies write-back takes of dirty pages (at most
-    // the dirty share of the cache) and the metadata in flight.
-    let opts = UringOptions {
+/// The io_uring engine's options for `config`: buffer memory for the cache's pages,
+/// plus the copies write-back takes of dirty pages (at most the dirty share of the
+/// cache) and the metadata in flight; the image locked exclusively for writing, shared
+/// for a read-only `config`.
+pub fn device_options(config: &Config) -> UringOptions {
+    UringOptions {
         arena_bytes: 2 * config.cache_bytes as usize + (16 << 20),
         lock: if config.read_only { Lock::Shared } else { Lock::Exclusive },
         ..Default::default()
-    };
+    }
+}
+
+/// Open an image file or block device with the io_uring engine, sized for `config`:
+/// locked exclusively for writing, shared for a read-only `config`.
+pub fn open_device(path: &Path, config: &Config) -> Result<Arc<dyn device::Device>> {
+    let opts = device_options(config);
     let dev = UringDevice::open(path, &opts).map_err(|e| Error::io(format!("cannot open {}: {e}", path.display())))?;
     Ok(Arc::new(dev))
 }

@@ -316,17 +316,15 @@ fn crash_points_with_patches_async_foreground() {
 #[test]
 #[ignore = "long; run on request with PWFS_CRASH_SEEDS"]
 fn crash_points_env_seeds() {
-    {
-        let start: u64 = std::env::var("PWFS_CRASH_SEEDS").map_or(1000, |s| s.parse().unwrap());
-        let policies = [
-            pwfs::FetchPolicy::Blocking,
-            pwfs::FetchPolicy::AsyncForeground,
-            pwfs::FetchPolicy::AsyncBackground,
-            pwfs::FetchPolicy::Lazy,
-        ];
-        for seed in start..start + 20 {
-            run_with(seed, 400, 200, policies[seed as usize % 4]);
-        }
+    let start: u64 = std::env::var("PWFS_CRASH_SEEDS").map_or(1000, |s| s.parse().unwrap());
+    let policies = [
+        pwfs::FetchPolicy::Blocking,
+        pwfs::FetchPolicy::AsyncForeground,
+        pwfs::FetchPolicy::AsyncBackground,
+        pwfs::FetchPolicy::Lazy,
+    ];
+    for seed in start..start + 20 {
+        run_with(seed, 400, 200, policies[seed as usize % 4]);
     }
 }
 

@@ -238,6 +238,10 @@ fn fsck_reports_each_kind_of_damage() {
     );
     let inode = |img: &[u8]| DiskInode::decode(ino, &img[block(tblk)][off..off + f::INODE_SIZE]).unwrap().unwrap();
     let data_blk = inode(&good).extents[0].physical;
+    let errors = |img: Vec<u8>| pwfs::fsck::check(&MemDevice::from_vec(img)).unwrap().errors;
+    let reported = |errors: &[String], what: &str| {
+        assert!(errors.iter().any(|e| e.contains(what)), "expected {what:?} in {errors:?}");
+    };
 
     let mut img = good.clone();
     let bm = sb.block_bitmap_start + data_blk / f::BITS_PER_BITMAP_BLOCK;
@@ -245,24 +249,14 @@ fn fsck_reports_each_kind_of_damage() {
     let r = block(bm);
     img[r.clone()][(bit / 8) as usize] &= !(1 << (bit % 8));
     f::bitmap_seal(&mut img[r], bm - sb.block_bitmap_start);
-    let rep = pwfs::fsck::check(&MemDevice::from_vec(img)).unwrap();
-    assert!(
-        rep.errors.iter().any(|e| e.contains(&format!("block {data_blk} of inode {ino} is marked free"))),
-        "{:?}",
-        rep.errors
-    );
+    reported(&errors(img), &format!("block {data_blk} of inode {ino} is marked free"));
 
     let mut img = good.clone();
     let mut d = inode(&img);
     d.nlink = 3;
     let r = block(tblk);
     d.encode(ino, &mut img[r][off..off + f::INODE_SIZE]);
-    let rep = pwfs::fsck::check(&MemDevice::from_vec(img)).unwrap();
-    assert!(
-        rep.errors.iter().any(|e| e.contains(&format!("inode {ino}: link count 3 but 1 names"))),
-        "{:?}",
-        rep.errors
-    );
+    reported(&errors(img), &format!("inode {ino}: link count 3 but 1 names"));
 
     let mut img = good.clone();
     let r = block(tblk);
@@ -271,17 +265,13 @@ fn fsck_reports_each_kind_of_damage() {
     let r = block(ib);
     img[r.clone()][((ino - 1) / 8) as usize] &= !(1 << ((ino - 1) % 8));
     f::bitmap_seal(&mut img[r], 0);
-    let rep = pwfs::fsck::check(&MemDevice::from_vec(img)).unwrap();
-    assert!(rep.errors.iter().any(|e| e.contains(&format!("points at free inode {ino}"))), "{:?}", rep.errors);
-    assert!(rep.errors.iter().any(|e| e.contains("leaked")), "its blocks are now owned by nobody: {:?}", rep.errors);
+    let errs = errors(img);
+    reported(&errs, &format!("points at free inode {ino}"));
+    reported(&errs, "leaked"); // its blocks are now owned by nobody
 
     let mut img = good.clone();
     let r = block(tblk);
     img[r][off + 20] ^= 0x40;
-    let rep = pwfs::fsck::check(&MemDevice::from_vec(img)).unwrap();
-    assert!(
-        rep.errors.iter().any(|e| e.contains(&format!("inode {ino}")) && e.contains("checksum")),
-        "{:?}",
-        rep.errors
-    );
+    let errs = errors(img);
+    assert!(errs.iter().any(|e| e.contains(&format!("inode {ino}")) && e.contains("checksum")), "{errs:?}");
 }

@@ -924,20 +924,20 @@ impl FsInner {
     fn fail_page(&self, ino: u64, page: &Page) {
         // The patches are taken, so that no one settles them a second time (a truncate
         // that waited for this page).
-        let lost: usize = std::mem::take(&mut page.lock().patches).iter().map(|p| p.data.len()).sum();
+        let lost = std::mem::take(&mut page.lock().patches).iter().map(|p| p.data.len()).sum();
         if lost > 0 {
-            self.stats.patch_bytes.fetch_sub(lost as i64, Ordering::Relaxed);
-            self.stats.patched_pages.fetch_sub(1, Ordering::Relaxed);
+            self.settle_patches(lost);
             self.fetch_errors.lock().insert(ino);
         }
         self.cache.fail(page);
     }
 
-    /// A page's patches (`applied` bytes, 0 if it had none) are applied to its data
-    /// (called under the page lock, before the page becomes readable).
-    fn settle_patches(&self, applied: usize) {
-        if applied > 0 {
-            self.stats.patch_bytes.fetch_sub(applied as i64, Ordering::Relaxed);
+    /// A page's patches (`bytes`, 0 if it had none) leave patch memory: applied to its
+    /// data (under the page lock, before the page becomes readable), dropped with the
+    /// page, or lost with a failed fetch.
+    fn settle_patches(&self, bytes: usize) {
+        if bytes > 0 {
+            self.stats.patch_bytes.fetch_sub(bytes as i64, Ordering::Relaxed);
             self.stats.patched_pages.fetch_sub(1, Ordering::Relaxed);
         }
     }
@@ -949,11 +949,7 @@ impl FsInner {
             // during I/O) is waited for; taking its patches means a fetch that claims
             // it later applies nothing and nothing is counted twice.
             let patches = std::mem::take(&mut p.wait().patches);
-            let n: usize = patches.iter().map(|p| p.data.len()).sum();
-            if n > 0 {
-                self.stats.patch_bytes.fetch_sub(n as i64, Ordering::Relaxed);
-                self.stats.patched_pages.fetch_sub(1, Ordering::Relaxed);
-            }
+            self.settle_patches(patches.iter().map(|p| p.data.len()).sum());
         }
     }
 
