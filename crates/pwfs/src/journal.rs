@@ -82,10 +82,10 @@ impl Journal {
         }
     }
 
-    /// The largest transaction (in images) that is always accepted.
-    pub fn max_images(&self) -> usize {
-        // Leave room for descriptors and the commit block.
-        (self.log_len as usize / 4).max(4)
+    /// The most log blocks one transaction may take (descriptors, images and the
+    /// commit block): the whole log, emptied by a checkpoint first if need be.
+    pub fn capacity(&self) -> u64 {
+        self.log_len
     }
 
     pub fn next_seq(&self) -> u64 {

@@ -49,7 +49,7 @@ fn workload(fs: &Fs, dev: &SimDevice, seed: u64, steps: usize) -> Vec<(usize, Mo
     for step in 0..steps {
         // Commits also happen inside operations (a full journal, too much dirty
         // data); each leaves the state after its operation durable.
-        let commits = fs.journal_stats().commits;
+        let mut commits = fs.journal_stats().commits;
         let dirs: Vec<String> = m.dirs.iter().cloned().collect();
         let files: Vec<String> = m.names.keys().cloned().collect();
         match rng.gen_range(0..100) {
@@ -66,6 +66,8 @@ fn workload(fs: &Fs, dev: &SimDevice, seed: u64, steps: usize) -> Vec<(usize, Mo
                 m.data.insert(next_id, Vec::new());
                 if fs.journal_stats().commits != commits {
                     syncs.push((dev.log_len(), snapshot(&m, &mut interim)));
+                    // The write that follows is durable only if it commits too.
+                    commits = fs.journal_stats().commits;
                 }
                 f.write_at(&content, 0).unwrap();
                 interim.entry(next_id).or_default().push(content.clone());

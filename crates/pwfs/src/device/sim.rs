@@ -52,6 +52,10 @@ pub struct SimStats {
 pub struct SimDevice {
     cfg: Mutex<SimConfig>,
     state: Mutex<State>,
+    /// Flushes held back by a test (`hold_flushes`): whether they are held, and how
+    /// many are waiting.
+    gate: Mutex<(bool, usize)>,
+    gate_cv: parking_lot::Condvar,
 }
 
 impl SimDevice {
@@ -67,7 +71,25 @@ impl SimDevice {
                 writes_ok: 0,
                 stats: SimStats::default(),
             }),
+            gate: Mutex::new((false, 0)),
+            gate_cv: parking_lot::Condvar::new(),
         }
+    }
+
+    /// Hold every flush from now on until `release_flushes`: a test can keep a commit
+    /// in the middle of its I/O.
+    pub fn hold_flushes(&self) {
+        self.gate.lock().0 = true;
+    }
+
+    pub fn release_flushes(&self) {
+        self.gate.lock().0 = false;
+        self.gate_cv.notify_all();
+    }
+
+    /// Flushes waiting at the gate now.
+    pub fn flushes_held(&self) -> usize {
+        self.gate.lock().1
     }
 
     /// Change the fault settings (the seed of the running generator is kept).
@@ -177,6 +199,16 @@ impl Device for SimDevice {
     }
 
     fn flush(&self) -> Result<(), DevError> {
+        {
+            let mut g = self.gate.lock();
+            if g.0 {
+                g.1 += 1;
+                while g.0 {
+                    self.gate_cv.wait(&mut g);
+                }
+                g.1 -= 1;
+            }
+        }
         let cfg = self.cfg.lock().clone();
         let mut s = self.state.lock();
         s.stats.flushes += 1;

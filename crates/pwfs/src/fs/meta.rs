@@ -40,6 +40,16 @@ impl Inode {
         (off < *len as u64).then(|| phys + off)
     }
 
+    /// Extent-chain blocks this inode needs once its reserved pages are mapped (each
+    /// may become an extent of its own).
+    pub fn chain_needed(&self) -> u64 {
+        if self.d.flags & f::INODE_FLAG_INLINE != 0 {
+            return 0;
+        }
+        let extents = self.extents.len() + self.reserved.len();
+        extents.saturating_sub(f::INLINE_EXTENTS).div_ceil(f::EXTENTS_PER_BLOCK) as u64
+    }
+
     /// Number of data blocks mapped.
     pub fn data_blocks(&self) -> u64 {
         self.extents.values().map(|(l, _)| *l as u64).sum()
@@ -109,10 +119,16 @@ pub struct Meta {
     pub pinned: HashSet<u64>,
     pub inodes: HashMap<u64, Inode>,
     dirty_inodes: BTreeSet<u64>,
+    /// Dirty inodes whose extents (with reserved pages) overflow the inode: storing
+    /// them rewrites an extent chain, which the transaction's size must count.
+    chained: BTreeSet<u64>,
     dirs: HashMap<u64, DirIndex>,
     pub alloc: Allocator,
     /// Blocks promised to delayed allocations.
     pub reserved: u64,
+    /// Room in the running transaction promised to operations that were admitted
+    /// and change metadata later, after I/O without this lock (truncate).
+    pub credits: TxSize,
     iused: Vec<u64>,
     pub ifree: u64,
     ihint: u64,
@@ -125,6 +141,54 @@ pub struct Meta {
     pub data_meta_dirty: HashSet<u64>,
     block_limit: usize,
     pub generation_seed: u32,
+}
+
+/// The size of a transaction: block images and revoke records.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TxSize {
+    pub images: u64,
+    pub revokes: u64,
+}
+
+impl TxSize {
+    pub const fn new(images: u64, revokes: u64) -> TxSize {
+        TxSize { images, revokes }
+    }
+
+    /// Log blocks a transaction of this size takes: descriptors, images, commit block.
+    pub fn log_blocks(self) -> u64 {
+        (self.images + self.revokes).div_ceil(f::JDESC_ENTRIES as u64).max(1) + self.images + 1
+    }
+
+    pub fn plus(self, o: TxSize) -> TxSize {
+        TxSize { images: self.images + o.images, revokes: self.revokes + o.revokes }
+    }
+
+    pub fn minus(self, o: TxSize) -> TxSize {
+        TxSize { images: self.images - o.images, revokes: self.revokes - o.revokes }
+    }
+}
+
+/// What storing a dirty inode's extent chain adds to its transaction: every chain
+/// block it keeps is rewritten, a new one also changes a bitmap block, a dropped one
+/// is freed (a bitmap block) and revoked.
+fn chain_cost(node: &Inode, bitmap_blocks: u64) -> (u64, u64) {
+    chain_cost_of(node, 0, bitmap_blocks)
+}
+
+/// `chain_cost` once the inode has gained `extra` extents. Reserved pages may or may
+/// not have become extents when it is stored: the chain may grow to hold all of them
+/// or shrink to hold only the extents mapped now.
+fn chain_cost_of(node: &Inode, extra: u64, bitmap_blocks: u64) -> (u64, u64) {
+    if node.d.flags & f::INODE_FLAG_INLINE != 0 {
+        return (0, 0);
+    }
+    let blocks = |extents: u64| extents.saturating_sub(f::INLINE_EXTENTS as u64).div_ceil(f::EXTENTS_PER_BLOCK as u64);
+    let most = blocks(node.extents.len() as u64 + node.reserved.len() as u64 + extra);
+    let least = blocks(node.extents.len() as u64);
+    let have = node.chain.len() as u64;
+    let (grow, shrink) = (most.saturating_sub(have), have.saturating_sub(least));
+    (most + grow.min(bitmap_blocks) + shrink.min(bitmap_blocks), shrink)
 }
 
 pub fn now() -> Timespec {
@@ -165,8 +229,10 @@ impl Meta {
             pinned: HashSet::new(),
             inodes: HashMap::new(),
             dirty_inodes: BTreeSet::new(),
+            chained: BTreeSet::new(),
             dirs: HashMap::new(),
             reserved: 0,
+            credits: TxSize::default(),
             open: HashMap::new(),
             to_free: BTreeSet::new(),
             data_meta_dirty: HashSet::new(),
@@ -259,27 +325,129 @@ impl Meta {
         });
     }
 
-    pub fn tx_blocks(&self) -> usize {
-        self.tx_dirty.len() + self.dirty_inodes.len() / f::INODES_PER_BLOCK as usize
+    /// The size of the running transaction if it were committed now, counted as
+    /// distinct blocks: every block changed so far (inode table blocks join when an
+    /// inode is marked dirty), plus what closing it may still add — extent chains of
+    /// dirty inodes (rewritten whole, new chain blocks allocated) and the bitmap blocks
+    /// that write-back of reserved pages will change. An upper bound, exact for
+    /// everything already changed; `take_tx` asserts that the real one is not larger.
+    pub fn tx_size(&self) -> TxSize {
+        let mut size = TxSize { images: self.tx_dirty.len() as u64, revokes: self.tx_revokes.len() as u64 };
+        for ino in &self.chained {
+            if let Some(node) = self.inodes.get(ino) {
+                let (write, revoke) = chain_cost(node, self.sb.block_bitmap_blocks);
+                size.images += write;
+                size.revokes += revoke;
+            }
+        }
+        size.images += self.reserved.min(self.sb.block_bitmap_blocks);
+        size.plus(self.credits)
+    }
+
+    /// At most what marking `ino` dirty adds to the running transaction once it has
+    /// gained `extra` extents: its table block and its whole extent chain.
+    pub fn inode_cost(&mut self, ino: u64, extra: u64) -> Result<TxSize> {
+        let bitmap = self.sb.block_bitmap_blocks;
+        let (images, revokes) = chain_cost_of(self.inode(ino)?, extra, bitmap);
+        Ok(TxSize::new(1 + images, revokes))
+    }
+
+    /// At most the bitmap blocks that freeing the mappings of `ino` at and past file
+    /// block `from` changes.
+    pub fn unmap_cost(&mut self, ino: u64, from: u64) -> Result<u64> {
+        let bitmap = self.sb.block_bitmap_blocks;
+        let node = self.inode(ino)?;
+        let mut n = 0u64;
+        for (start, (len, _)) in node.extents.iter().rev() {
+            if (*start as u64 + *len as u64) <= from {
+                break;
+            }
+            n += (*len as u64).div_ceil(f::BITS_PER_BITMAP_BLOCK) + 1;
+            if n >= bitmap {
+                return Ok(bitmap);
+            }
+        }
+        Ok(n)
+    }
+
+    /// At most what freeing `ino` (`free_inode`) adds to the running transaction.
+    pub fn free_cost(&mut self, ino: u64) -> Result<TxSize> {
+        let bitmap = self.sb.block_bitmap_blocks;
+        let spans = self.unmap_cost(ino, 0)?;
+        let node = self.inode(ino)?;
+        let journaled = node.is_dir() || node.kind() == f::S_IFLNK;
+        let meta_blocks = node.chain.len() as u64 + (node.d.xattr_block != 0) as u64;
+        let revokes = meta_blocks + if journaled { node.data_blocks() } else { 0 };
+        // Table block, inode bitmap block, block bitmap blocks.
+        Ok(TxSize::new(2 + (spans + meta_blocks).min(bitmap), revokes))
+    }
+
+    /// Free part of an inode too large to free in one transaction of at most
+    /// `room` log blocks: unmap its last extents while they fit (its blocks are
+    /// freed, the inode keeps the rest and stays unlinked). Returns whether anything
+    /// was unmapped.
+    pub fn trim_inode(&mut self, ino: u64, room: u64) -> Result<bool> {
+        let journaled = {
+            let node = self.inode(ino)?;
+            node.is_dir() || node.kind() == f::S_IFLNK
+        };
+        let mut trimmed = false;
+        loop {
+            let base = self.tx_size().plus(self.inode_cost(ino, 0)?);
+            let node = self.inode(ino)?;
+            let Some((&start, &(len, _))) = node.extents.iter().next_back() else { break };
+            // Split a long extent so that one piece always fits.
+            let len = len as u64;
+            let piece = if journaled { len.min(f::JDESC_ENTRIES as u64) } else { len };
+            let cost = TxSize::new(piece.div_ceil(f::BITS_PER_BITMAP_BLOCK) + 1, if journaled { piece } else { 0 });
+            if base.plus(cost).log_blocks() > room {
+                break;
+            }
+            let from = start as u64 + len - piece;
+            let freed = self.inode(ino)?.unmap_range(from, start as u64 + len);
+            for (b, n) in freed {
+                self.free_blocks(b, n, journaled)?;
+            }
+            self.mark_inode_dirty(ino);
+            trimmed = true;
+        }
+        Ok(trimmed)
+    }
+
+    /// Whether nothing has changed since the last commit.
+    pub fn tx_is_empty(&self) -> bool {
+        self.tx_dirty.is_empty() && self.tx_revokes.is_empty() && self.dirty_inodes.is_empty()
     }
 
     /// Close the running transaction: write dirty inodes into their blocks and hand
     /// out copies of every changed block, the revokes, and the frees to release once
     /// it is durable.
     pub fn take_tx(&mut self) -> Result<(Transaction, Vec<(u64, u64)>)> {
+        let bound = self.tx_size();
         for ino in std::mem::take(&mut self.dirty_inodes) {
             self.store_inode(ino)?;
         }
+        self.chained.clear();
         let dirty = std::mem::take(&mut self.tx_dirty);
         let mut images = Vec::with_capacity(dirty.len());
         for b in dirty {
-            let img = self.blocks.get(&b).expect("dirty block is cached");
             let mut copy = self.dev.alloc(BLOCK_SIZE);
-            copy.copy_from_slice(img);
+            copy.copy_from_slice(self.block(b)?);
             self.check_before_write(b, &copy)?;
             images.push((b, copy));
         }
-        let revokes = std::mem::take(&mut self.tx_revokes).into_iter().collect();
+        let revokes: Vec<u64> = std::mem::take(&mut self.tx_revokes).into_iter().collect();
+        // Paired with `tx_size`: operations are admitted against that bound, so a
+        // transaction larger than it could outgrow the journal.
+        if images.len() as u64 > bound.images || revokes.len() as u64 > bound.revokes {
+            return Err(Error::corrupt(format!(
+                "bug: transaction of {} images and {} revokes, counted as at most {} and {}",
+                images.len(),
+                revokes.len(),
+                bound.images,
+                bound.revokes
+            )));
+        }
         self.data_meta_dirty.clear();
         let frees = self.alloc.take_pending();
         Ok((Transaction { images, revokes, extra: Vec::new() }, frees))
@@ -429,8 +597,16 @@ impl Meta {
         Ok(node)
     }
 
+    /// The inode goes into the running transaction: its table block now (so that the
+    /// transaction's size counts distinct blocks), its slot and extents when it closes.
+    /// Every change to an inode's extents or reserved pages is followed by this call.
     pub fn mark_inode_dirty(&mut self, ino: u64) {
         self.dirty_inodes.insert(ino);
+        let blk = self.inode_slot(ino).0;
+        self.tx_dirty.insert(blk);
+        if self.inodes.get(&ino).is_some_and(|n| n.chain_needed() > 0 || !n.chain.is_empty()) {
+            self.chained.insert(ino);
+        }
     }
 
     /// Write an inode (and its extent chain) into the cached metadata blocks.
@@ -499,7 +675,7 @@ impl Meta {
             ..Default::default()
         };
         self.inodes.insert(ino, Inode { d, extents: BTreeMap::new(), chain: Vec::new(), reserved: BTreeSet::new() });
-        self.dirty_inodes.insert(ino);
+        self.mark_inode_dirty(ino);
         Ok(ino)
     }
 
@@ -519,6 +695,7 @@ impl Meta {
         self.reserved -= node.reserved.len() as u64;
         self.inodes.remove(&ino);
         self.dirty_inodes.remove(&ino);
+        self.chained.remove(&ino);
         self.dirs.remove(&ino);
         let (blk, off) = self.inode_slot(ino);
         let b = self.modify(blk)?;

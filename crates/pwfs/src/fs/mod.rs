@@ -54,6 +54,9 @@ pub(crate) struct FsInner {
     pub config: Config,
     pub meta: Mutex<Meta>,
     pub journal: Mutex<Journal>,
+    /// The most log blocks one transaction may take (the journal's log): operations
+    /// are admitted only while the running transaction, with what they add, fits.
+    pub tx_cap: u64,
     pub cache: PageCache,
     pub locks: LockTable,
     /// Serializes write-back, commit, and block freeing (see `lock` for the order).
@@ -140,7 +143,18 @@ pub fn mkfs(dev: &dyn Device, opts: &MkfsOptions) -> Result<Superblock> {
         return Err(Error::invalid(format!("device too small: {} bytes (need at least 256 KiB)", dev.len())));
     }
     let inodes = opts.inodes.unwrap_or((total / 4).max(1024)).min(u32::MAX as u64);
-    let jblocks = opts.journal_blocks.unwrap_or((total / 64).clamp(256, 16384)).min(total / 4).max(16);
+    // The log must hold the largest single operation: a truncate or delete that
+    // changes every block-bitmap block, plus a few inode and directory blocks.
+    let min_journal = total.div_ceil(f::BITS_PER_BITMAP_BLOCK) + 32;
+    let jblocks = match opts.journal_blocks {
+        Some(n) if n < min_journal => {
+            return Err(Error::invalid(format!(
+                "a journal of {n} blocks is too small for {total} blocks: it needs at least {min_journal}"
+            )))
+        }
+        Some(n) => n.min(total / 4).max(16),
+        None => (total / 64).clamp(256, 16384).max(min_journal).min(total / 4).max(16),
+    };
     let mut uuid = [0u8; 16];
     rand::Rng::fill(&mut rand::thread_rng(), &mut uuid[..]);
     let sb = Superblock::layout(total, inodes, jblocks, uuid, now_ns())
@@ -273,8 +287,10 @@ impl Fs {
             Default::default()
         };
         let meta = Meta::load(sb.clone(), dev.clone(), preloaded)?;
+        let journal = Journal::new(&sb, scan.next_seq());
         let inner = Arc::new(FsInner {
-            journal: Mutex::new(Journal::new(&sb, scan.next_seq())),
+            tx_cap: journal.capacity(),
+            journal: Mutex::new(journal),
             cache: PageCache::new((config.cache_bytes / BLOCK) as usize),
             dev,
             sb,
@@ -599,28 +615,59 @@ impl FsInner {
         Ok(())
     }
 
-    /// Free the inodes that lost their last name and handle. Under the commit lock,
-    /// so that write-back never places a page of a freed inode.
-    fn free_unlinked(&self) -> Result<()> {
-        let inos = std::mem::take(&mut self.meta.lock().to_free);
+    /// Free the inodes that lost their last name and handle, as many as fit in the
+    /// running transaction; returns whether some are left for another one. Under the
+    /// commit lock, so that write-back never places a page of a freed inode.
+    fn free_unlinked(&self) -> Result<bool> {
+        // Reopened by inode number, or relinked, meanwhile: it stays.
+        let unlinked = |m: &mut Meta, ino: u64| -> Result<bool> {
+            Ok(m.open.get(&ino).copied().unwrap_or(0) == 0 && m.inode(ino)?.d.nlink == 0)
+        };
+        let inos: Vec<u64> = self.meta.lock().to_free.iter().copied().collect();
         for ino in inos {
+            {
+                let mut m = self.meta.lock();
+                m.to_free.remove(&ino);
+                if !unlinked(&mut m, ino)? {
+                    continue;
+                }
+            }
+            // Without the metadata lock: a page being fetched is waited for.
             let dropped = self.cache.drop_from(ino, 0);
             self.forget_pages(dropped);
             let mut m = self.meta.lock();
-            // Reopened by inode number, or relinked, meanwhile: keep it.
-            if m.open.get(&ino).copied().unwrap_or(0) == 0 && m.inode(ino)?.d.nlink == 0 {
-                m.free_inode(ino)?;
+            if !unlinked(&mut m, ino)? {
+                continue;
             }
+            let cost = m.free_cost(ino)?;
+            if m.tx_size().plus(cost).log_blocks() > self.tx_cap {
+                // Too big for what is left of this transaction: freed in the next
+                // one, or, if it is too big for any, a part of it in each.
+                let empty = m.tx_is_empty();
+                let trimmed = empty && m.trim_inode(ino, self.tx_cap)?;
+                m.to_free.insert(ino);
+                if empty && !trimmed {
+                    if m.credits != meta::TxSize::default() {
+                        // Room promised to operations in progress: a later commit.
+                        return Ok(false);
+                    }
+                    return Err(Error::corrupt(format!("bug: inode {ino} cannot be freed within the journal")));
+                }
+                return Ok(true);
+            }
+            m.free_inode(ino)?;
         }
-        Ok(())
+        Ok(false)
     }
 
+    /// Unlinked inodes found at mount (their last handle went away in a crash) are
+    /// freed by the first commit.
     fn free_orphans(&self) -> Result<usize> {
         let mut m = self.meta.lock();
         let mut n = 0;
         for ino in m.used_inodes() {
             if m.inode(ino)?.d.nlink == 0 {
-                m.free_inode(ino)?;
+                m.to_free.insert(ino);
                 n += 1;
             }
         }
@@ -635,10 +682,20 @@ impl FsInner {
         self.commit_locked()
     }
 
-    /// Write back data, then log metadata. The caller holds the commit lock.
+    /// Write back data, then log metadata. The caller holds the commit lock. Freeing
+    /// unlinked inodes may take several transactions.
     pub fn commit_locked(&self) -> Result<()> {
-        self.check_writable()?;
-        self.free_unlinked().map_err(|e| self.poison(e))?;
+        loop {
+            self.check_writable()?;
+            let more = self.free_unlinked().map_err(|e| self.poison(e))?;
+            self.commit_once()?;
+            if !more {
+                return Ok(());
+            }
+        }
+    }
+
+    fn commit_once(&self) -> Result<()> {
         let wrote = self.writeback_locked()?;
         let (tx, frees) = {
             let mut m = self.meta.lock();
@@ -671,7 +728,10 @@ impl FsInner {
     /// that much dirty data, wake the write-back thread instead, so that the device
     /// writes while the caller goes on filling the cache.
     pub fn maybe_commit(&self) -> Result<()> {
-        let big = self.meta.lock().tx_blocks() >= self.journal.lock().max_images();
+        // A quarter of the journal: commits stay short, and the log holds several
+        // before a checkpoint. (Only the metadata lock is taken here: a commit in
+        // flight holds the journal lock across its I/O.)
+        let big = self.meta.lock().tx_size().log_blocks() >= (self.tx_cap / 4).max(4);
         if big {
             return self.commit();
         }

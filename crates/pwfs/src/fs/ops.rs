@@ -4,7 +4,7 @@
 //! (noatime). See docs/DECISIONS.md.
 
 use super::api::{DirEntry, FileType, Metadata, SetAttr, StatFs, TimeSet};
-use super::meta::{ftype_of, now, Meta};
+use super::meta::{ftype_of, now, Meta, TxSize};
 use super::{Fs, FsInner};
 use crate::cache::PageState;
 use crate::error::{Error, Result};
@@ -12,6 +12,26 @@ use crate::format::{self as f, BLOCK, BLOCK_SIZE};
 
 /// ext4's limit; beyond it link() and mkdir() fail with EMLINK.
 pub const LINK_MAX: u32 = 65000;
+
+/// What an operation adds to the running transaction at most, and the free blocks
+/// (and inode) it takes.
+struct Need {
+    tx: TxSize,
+    blocks: u64,
+    inode: bool,
+}
+
+impl Need {
+    fn tx(tx: TxSize) -> Need {
+        Need { tx, blocks: 0, inode: false }
+    }
+}
+
+/// A directory entry added or changed: its block, and when the directory grows, a new
+/// block and the bitmap block that allocates it.
+fn entry_cost(grow: bool) -> TxSize {
+    TxSize::new(1 + 2 * grow as u64, 0)
+}
 
 /// What a new inode is: type and permissions, owner, device number, symlink target.
 struct NewNode<'a> {
@@ -72,16 +92,51 @@ impl FsInner {
         f(m).map_err(|e| self.poison(e))
     }
 
-    /// Space for `n` more metadata blocks, committing once to reclaim freed space.
-    fn need_space(&self, m: &mut parking_lot::MutexGuard<'_, Meta>, n: u64, inode: bool) -> Result<()> {
-        let short = |m: &Meta| m.available() < n + Self::meta_reserve(m) || (inode && m.ifree == 0);
-        if short(m) && (m.alloc.pending_blocks() > 0 || !m.to_free.is_empty()) {
-            parking_lot::MutexGuard::unlocked(m, || self.commit())?;
+    /// Whether an operation that needs `need` may change things now: `Ok(true)` it
+    /// may; `Ok(false)` the running transaction must commit first (the journal has no
+    /// room for it, or committing frees space it needs); an error if it cannot be
+    /// done at all. `committed`: a commit for it has already run.
+    fn admit(&self, m: &Meta, need: &Need, committed: bool) -> Result<bool> {
+        if need.tx.log_blocks() > self.tx_cap {
+            return Err(Error::no_space(format!(
+                "operation needs {} journal blocks, the journal holds {}",
+                need.tx.log_blocks(),
+                self.tx_cap
+            )));
         }
-        if short(m) {
-            return Err(Error::no_space(if inode && m.ifree == 0 { "no free inodes" } else { "no free blocks" }));
+        if m.tx_size().plus(need.tx).log_blocks() > self.tx_cap {
+            return Ok(false);
         }
-        Ok(())
+        let short = m.available() < need.blocks + Self::meta_reserve(m) || (need.inode && m.ifree == 0);
+        if short {
+            if !committed && (m.alloc.pending_blocks() > 0 || !m.to_free.is_empty()) {
+                return Ok(false);
+            }
+            let what = if need.inode && m.ifree == 0 { "no free inodes" } else { "no free blocks" };
+            return Err(Error::no_space(what));
+        }
+        Ok(true)
+    }
+
+    /// The metadata lock, held from an operation's checks through its change: `check`
+    /// runs the checks and says what the change needs; while the running transaction
+    /// has no room for it, that transaction commits (without the lock) and the
+    /// checks run again, since others may have changed the namespace meanwhile.
+    fn admitted<T>(
+        &self,
+        mut check: impl FnMut(&mut Meta) -> Result<(Need, T)>,
+    ) -> Result<(parking_lot::MutexGuard<'_, Meta>, T)> {
+        let mut committed = false;
+        loop {
+            let mut m = self.meta.lock();
+            let (need, v) = check(&mut m)?;
+            if self.admit(&m, &need, committed)? {
+                return Ok((m, v));
+            }
+            drop(m);
+            self.commit()?;
+            committed = true;
+        }
     }
 
     /// Blocks kept back for metadata that commits allocate (extent chains).
@@ -151,15 +206,20 @@ impl Fs {
     fn make(&self, parent: u64, name: &[u8], new: NewNode<'_>) -> Result<Metadata> {
         let NewNode { mode, uid, gid, rdev, target } = new;
         self.inner.check_writable()?;
-        let mut m = self.meta();
-        Self::check_new_name(&mut m, parent, name)?;
         let is_dir = mode & f::S_IFMT == f::S_IFDIR;
-        if is_dir && m.inode(parent)?.d.nlink >= LINK_MAX {
-            return Err(Error::too_many_links(""));
-        }
         let long_target = target.is_some_and(|t| t.len() > f::INLINE_MAX);
-        let grow = m.dir(parent)?.free.is_empty();
-        self.inner.need_space(&mut m, grow as u64 + long_target as u64, true)?;
+        let (mut m, ()) = self.inner.admitted(|m| {
+            Self::check_new_name(m, parent, name)?;
+            if is_dir && m.inode(parent)?.d.nlink >= LINK_MAX {
+                return Err(Error::too_many_links(""));
+            }
+            let grow = m.dir(parent)?.free.is_empty();
+            // The parent, the new inode and its bitmap block, the entry, a long
+            // symlink's block and its bitmap block.
+            let tx = m.inode_cost(parent, grow as u64)?.plus(TxSize::new(2 + 2 * long_target as u64, 0));
+            let blocks = grow as u64 + long_target as u64;
+            Ok((Need { tx: tx.plus(entry_cost(grow)), blocks, inode: true }, ()))
+        })?;
         let ino = self.inner.mutate(&mut m, |m| {
             let ino = m.new_inode(mode, uid, gid)?;
             let payload = match target {
@@ -241,21 +301,23 @@ impl Fs {
 
     pub fn link(&self, ino: u64, parent: u64, name: &[u8]) -> Result<Metadata> {
         self.inner.check_writable()?;
-        let mut m = self.meta();
-        Self::check_new_name(&mut m, parent, name)?;
-        let node = m.inode(ino)?;
-        if node.is_dir() {
-            return Err(Error::not_permitted("hard link to a directory"));
-        }
-        if node.d.nlink >= LINK_MAX {
-            return Err(Error::too_many_links(""));
-        }
-        if node.d.nlink == 0 {
-            return Err(Error::not_found("file was removed"));
-        }
-        let mode = node.d.mode;
-        let grow = m.dir(parent)?.free.is_empty();
-        self.inner.need_space(&mut m, grow as u64, false)?;
+        let (mut m, mode) = self.inner.admitted(|m| {
+            Self::check_new_name(m, parent, name)?;
+            let node = m.inode(ino)?;
+            if node.is_dir() {
+                return Err(Error::not_permitted("hard link to a directory"));
+            }
+            if node.d.nlink >= LINK_MAX {
+                return Err(Error::too_many_links(""));
+            }
+            if node.d.nlink == 0 {
+                return Err(Error::not_found("file was removed"));
+            }
+            let mode = node.d.mode;
+            let grow = m.dir(parent)?.free.is_empty();
+            let tx = m.inode_cost(parent, grow as u64)?.plus(m.inode_cost(ino, 0)?).plus(entry_cost(grow));
+            Ok((Need { tx, blocks: grow as u64, inode: false }, mode))
+        })?;
         self.inner.mutate(&mut m, |m| {
             m.dir_add(parent, name, ino, ftype_of(mode))?;
             let t = now();
@@ -303,12 +365,15 @@ impl Fs {
             b".." if dir => return Err(Error::not_empty("cannot remove '..'")),
             _ => check_name(name)?,
         }
-        let mut m = self.meta();
-        if !m.inode(parent)?.is_dir() {
-            return Err(Error::not_dir(""));
-        }
-        let (ino, _) = m.lookup(parent, name)?.ok_or_else(|| Error::not_found(""))?;
-        let is_dir = Self::check_replaceable(&mut m, dir, ino)?;
+        let (mut m, (ino, is_dir)) = self.inner.admitted(|m| {
+            if !m.inode(parent)?.is_dir() {
+                return Err(Error::not_dir(""));
+            }
+            let (ino, _) = m.lookup(parent, name)?.ok_or_else(|| Error::not_found(""))?;
+            let is_dir = Self::check_replaceable(m, dir, ino)?;
+            let tx = m.inode_cost(parent, 0)?.plus(m.inode_cost(ino, 0)?).plus(entry_cost(false));
+            Ok((Need::tx(tx), (ino, is_dir)))
+        })?;
         self.inner.mutate(&mut m, |m| {
             m.dir_remove(parent, name)?;
             let t = now();
@@ -333,45 +398,57 @@ impl Fs {
         }
         check_name(sname)?;
         check_name(dname)?;
-        let mut m = self.meta();
-        if !m.inode(sp)?.is_dir() || !m.inode(dp)?.is_dir() {
-            return Err(Error::not_dir(""));
-        }
-        if m.inode(dp)?.d.nlink == 0 {
-            return Err(Error::not_found("target directory was removed"));
-        }
-        let (src, _) = m.lookup(sp, sname)?.ok_or_else(|| Error::not_found(""))?;
-        let src_mode = m.inode(src)?.d.mode;
-        let src_dir = src_mode & f::S_IFMT == f::S_IFDIR;
-        let dst = m.lookup(dp, dname)?.map(|(i, _)| i);
-        if dst == Some(src) {
-            return if noreplace { Err(Error::exists("")) } else { Ok(()) };
-        }
-        if src_dir {
-            // The target directory must not be the source or inside it.
-            let mut at = dp;
-            loop {
-                if at == src {
-                    return Err(Error::invalid("cannot move a directory into itself"));
+        let (mut m, checked) = self.inner.admitted(|m| {
+            if !m.inode(sp)?.is_dir() || !m.inode(dp)?.is_dir() {
+                return Err(Error::not_dir(""));
+            }
+            if m.inode(dp)?.d.nlink == 0 {
+                return Err(Error::not_found("target directory was removed"));
+            }
+            let (src, _) = m.lookup(sp, sname)?.ok_or_else(|| Error::not_found(""))?;
+            let src_mode = m.inode(src)?.d.mode;
+            let src_dir = src_mode & f::S_IFMT == f::S_IFDIR;
+            let dst = m.lookup(dp, dname)?.map(|(i, _)| i);
+            if dst == Some(src) {
+                return if noreplace { Err(Error::exists("")) } else { Ok((Need::tx(TxSize::default()), None)) };
+            }
+            if src_dir {
+                // The target directory must not be the source or inside it.
+                let mut at = dp;
+                loop {
+                    if at == src {
+                        return Err(Error::invalid("cannot move a directory into itself"));
+                    }
+                    if at == f::ROOT_INO {
+                        break;
+                    }
+                    at = m.inode(at)?.d.parent;
                 }
-                if at == f::ROOT_INO {
-                    break;
+                if sp != dp && m.inode(dp)?.d.nlink >= LINK_MAX && dst.is_none() {
+                    return Err(Error::too_many_links(""));
                 }
-                at = m.inode(at)?.d.parent;
             }
-            if sp != dp && m.inode(dp)?.d.nlink >= LINK_MAX && dst.is_none() {
-                return Err(Error::too_many_links(""));
+            let grow = match dst {
+                Some(d) => {
+                    if noreplace {
+                        return Err(Error::exists(""));
+                    }
+                    Self::check_replaceable(m, src_dir, d)?;
+                    false
+                }
+                None => m.dir(dp)?.free.is_empty(),
+            };
+            let mut tx = m.inode_cost(sp, 0)?.plus(m.inode_cost(dp, grow as u64)?).plus(m.inode_cost(src, 0)?);
+            if let Some(d) = dst {
+                tx = tx.plus(m.inode_cost(d, 0)?);
             }
-        }
-        if let Some(d) = dst {
-            if noreplace {
-                return Err(Error::exists(""));
-            }
-            Self::check_replaceable(&mut m, src_dir, d)?;
-        } else {
-            let grow = m.dir(dp)?.free.is_empty();
-            self.inner.need_space(&mut m, grow as u64, false)?;
-        }
+            // The source entry's block and the target's.
+            tx = tx.plus(entry_cost(false)).plus(entry_cost(grow));
+            Ok((Need { tx, blocks: grow as u64, inode: false }, Some((src, src_mode, src_dir, dst))))
+        })?;
+        let Some((src, src_mode, src_dir, dst)) = checked else {
+            return Ok(());
+        };
         self.inner.mutate(&mut m, |m| {
             let t = now();
             match dst {
@@ -462,7 +539,7 @@ impl Fs {
         if let Some(size) = set.size {
             self.truncate(ino, size)?;
         }
-        let mut m = self.meta();
+        let (mut m, ()) = self.inner.admitted(|m| Ok((Need::tx(m.inode_cost(ino, 0)?), ())))?;
         let node = m.inode(ino)?;
         let t = now();
         if let Some(mode) = set.mode {
@@ -489,6 +566,8 @@ impl Fs {
         }
         let md = attr(ino, node);
         m.mark_inode_dirty(ino);
+        drop(m);
+        self.inner.maybe_commit()?;
         Ok(md)
     }
 
@@ -531,20 +610,22 @@ impl Fs {
         if value.len() > u16::MAX as usize {
             return Err(Error::new(crate::ErrorKind::Range, "attribute value too large"));
         }
-        let mut m = self.meta();
-        let mut entries = m.xattrs(ino)?;
-        match (entries.binary_search_by(|(n, _)| n.as_slice().cmp(name)), create, replace) {
-            (Ok(_), true, _) => return Err(Error::exists("")),
-            (Err(_), _, true) => return Err(Error::new(crate::ErrorKind::NoData, "")),
-            (Ok(i), _, _) => entries[i].1 = value.to_vec(),
-            (Err(i), _, _) => entries.insert(i, (name.to_vec(), value.to_vec())),
-        }
-        if f::XattrBlock::used(&entries) > BLOCK_SIZE {
-            return Err(Error::no_space("no room for more extended attributes on this inode"));
-        }
-        if m.inode(ino)?.d.xattr_block == 0 {
-            self.inner.need_space(&mut m, 1, false)?;
-        }
+        let (mut m, entries) = self.inner.admitted(|m| {
+            let mut entries = m.xattrs(ino)?;
+            match (entries.binary_search_by(|(n, _)| n.as_slice().cmp(name)), create, replace) {
+                (Ok(_), true, _) => return Err(Error::exists("")),
+                (Err(_), _, true) => return Err(Error::new(crate::ErrorKind::NoData, "")),
+                (Ok(i), _, _) => entries[i].1 = value.to_vec(),
+                (Err(i), _, _) => entries.insert(i, (name.to_vec(), value.to_vec())),
+            }
+            if f::XattrBlock::used(&entries) > BLOCK_SIZE {
+                return Err(Error::no_space("no room for more extended attributes on this inode"));
+            }
+            let new_block = m.inode(ino)?.d.xattr_block == 0;
+            // The inode, the attribute block, and the bitmap block that allocates it.
+            let tx = m.inode_cost(ino, 0)?.plus(TxSize::new(2, 0));
+            Ok((Need { tx, blocks: new_block as u64, inode: false }, entries))
+        })?;
         self.inner.mutate(&mut m, |m| m.set_xattrs(ino, entries))?;
         drop(m);
         self.inner.maybe_commit()
@@ -553,12 +634,17 @@ impl Fs {
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
         self.inner.check_writable()?;
         Self::check_xattr_name(name)?;
-        let mut m = self.meta();
-        let mut entries = m.xattrs(ino)?;
-        let i = entries
-            .binary_search_by(|(n, _)| n.as_slice().cmp(name))
-            .map_err(|_| Error::new(crate::ErrorKind::NoData, ""))?;
-        entries.remove(i);
+        let (mut m, entries) = self.inner.admitted(|m| {
+            let mut entries = m.xattrs(ino)?;
+            let i = entries
+                .binary_search_by(|(n, _)| n.as_slice().cmp(name))
+                .map_err(|_| Error::new(crate::ErrorKind::NoData, ""))?;
+            entries.remove(i);
+            // The inode, the attribute block or, when it goes, its bitmap block and
+            // revoke.
+            let tx = m.inode_cost(ino, 0)?.plus(TxSize::new(1, 1));
+            Ok((Need::tx(tx), entries))
+        })?;
         self.inner.mutate(&mut m, |m| m.set_xattrs(ino, entries))?;
         drop(m);
         self.inner.maybe_commit()
@@ -645,35 +731,39 @@ impl Fs {
     pub fn write(&self, ino: u64, offset: u64, data: &[u8], append: bool) -> Result<u64> {
         self.inner.check_writable()?;
         let _g = self.inner.locks.write(ino);
-        let mut m = self.meta();
-        let node = m.inode(ino)?;
-        if node.is_dir() {
-            return Err(Error::is_dir(""));
-        }
-        let size = node.d.size;
-        let offset = if append { size } else { offset };
+        let (mut m, (size, offset, end, need)) = self.inner.admitted(|m| {
+            let node = m.inode(ino)?;
+            if node.is_dir() {
+                return Err(Error::is_dir(""));
+            }
+            let size = node.d.size;
+            let offset = if append { size } else { offset };
+            let end = offset.checked_add(data.len() as u64).filter(|e| *e <= f::MAX_FILE_SIZE);
+            let end = end.ok_or_else(|| Error::file_too_big(""))?;
+            if data.is_empty() {
+                return Ok((Need::tx(TxSize::default()), (size, offset, end, Vec::new())));
+            }
+            let (first, last) = (offset / BLOCK, (end - 1) / BLOCK);
+            // Pages that have no block yet get space reserved (delayed allocation).
+            let need: Vec<u64> =
+                (first..=last).filter(|i| node.map(*i).is_none() && !node.reserved.contains(i)).collect();
+            let n = need.len() as u64;
+            // The inode, with an extent per new page at worst, and the bitmap blocks
+            // that write-back changes to allocate them.
+            let tx = m.inode_cost(ino, n)?.plus(TxSize::new(n.min(m.sb.block_bitmap_blocks), 0));
+            Ok((Need { tx, blocks: n, inode: false }, (size, offset, end, need)))
+        })?;
         if data.is_empty() {
             return Ok(offset);
         }
-        let end = offset.checked_add(data.len() as u64).filter(|e| *e <= f::MAX_FILE_SIZE);
-        let end = end.ok_or_else(|| Error::file_too_big(""))?;
         let (first, last) = (offset / BLOCK, (end - 1) / BLOCK);
-        // Reserve space for pages that have no block yet (delayed allocation).
-        let need: Vec<u64> = (first..=last).filter(|i| node.map(*i).is_none() && !node.reserved.contains(i)).collect();
         if !need.is_empty() {
             let n = need.len() as u64;
-            if m.available() < n + FsInner::meta_reserve(&m) && (m.alloc.pending_blocks() > 0 || !m.to_free.is_empty())
-            {
-                drop(m);
-                self.inner.commit()?;
-                m = self.meta();
-            }
-            if m.available() < n + FsInner::meta_reserve(&m) {
-                return Err(Error::no_space("no free blocks"));
-            }
             let node = m.inode(ino)?;
             node.reserved.extend(need);
             m.reserved += n;
+            // The reservation is part of what the running transaction will hold.
+            m.mark_inode_dirty(ino);
         }
         drop(m);
         let mut copied = 0usize;
@@ -802,8 +892,7 @@ impl Fs {
             return Err(Error::file_too_big(""));
         }
         let _g = self.inner.locks.write(ino);
-        let old = {
-            let mut m = self.meta();
+        let (mut m, (old, credits)) = self.inner.admitted(|m| {
             let node = m.inode(ino)?;
             if node.is_dir() {
                 return Err(Error::is_dir(""));
@@ -811,8 +900,28 @@ impl Fs {
             if node.kind() != f::S_IFREG {
                 return Err(Error::invalid("truncate of a special file"));
             }
-            node.d.size
-        };
+            let old = node.d.size;
+            // The inode (its tail page may move: one more extent, one more bitmap
+            // block) and the bitmap blocks of what is cut off.
+            let keep = size.div_ceil(BLOCK);
+            let tx = m.inode_cost(ino, 1)?.plus(TxSize::new(1 + m.unmap_cost(ino, keep.saturating_sub(1))?, 0));
+            Ok((Need::tx(tx), (old, tx)))
+        })?;
+        // Promised until the change is made: the pages are dealt with first, without
+        // the metadata lock.
+        m.credits = m.credits.plus(credits);
+        drop(m);
+        let r = self.truncate_admitted(ino, size, old);
+        let mut m = self.meta();
+        m.credits = m.credits.minus(credits);
+        drop(m);
+        r?;
+        drop(_g);
+        self.inner.maybe_commit()
+    }
+
+    /// The truncate, admitted: room in the transaction is promised to it.
+    fn truncate_admitted(&self, ino: u64, size: u64, old: u64) -> Result<()> {
         if size < old {
             let keep = size.div_ceil(BLOCK);
             let dropped = self.inner.cache.drop_from(ino, keep);
@@ -872,9 +981,7 @@ impl Fs {
         node.d.ctime = t;
         m.mark_inode_dirty(ino);
         m.data_meta_dirty.insert(ino);
-        drop(m);
-        drop(_g);
-        self.inner.maybe_commit()
+        Ok(())
     }
 
     /// fsync/fdatasync: every write before it is durable when it returns.

@@ -1,0 +1,220 @@
+//! Transactions are bounded by construction: whatever runs, the running transaction
+//! never outgrows the journal, nothing acknowledged is lost, an operation checks its
+//! name again after committing to make room, and a commit's I/O stalls no reader.
+
+mod common;
+use common::*;
+use pwfs::device::mem::MemDevice;
+use pwfs::{Config, Fs, MkfsOptions, OpenOptions};
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+/// The chmod storm: thousands of setattrs, none of which used to commit, on an image
+/// whose journal (256 blocks) is smaller than the inode table they dirty.
+#[test]
+fn a_chmod_of_every_inode_commits_as_it_goes_and_keeps_every_change() {
+    let dev = Arc::new(MemDevice::new(64 * MIB));
+    pwfs::mkfs(&*dev, &MkfsOptions { inodes: Some(4096), journal_blocks: None }).unwrap();
+    let fs = Fs::mount(dev.clone(), test_config()).unwrap();
+    let n = (fs.statfs().inodes_free) as usize;
+    assert!(n >= 4094, "{n} free inodes");
+    let n = 4094;
+    let dirs = 8;
+    for d in 0..dirs {
+        fs.create_dir(format!("/d{d}"), 0o755).unwrap();
+    }
+    let path = |i: usize| format!("/d{}/f{i}", i % dirs);
+    for i in 0..n - dirs {
+        fs.create(path(i)).unwrap();
+    }
+    for i in 0..n - dirs {
+        fs.set_permissions(path(i), 0o600 | (i as u32 & 0o7)).unwrap();
+    }
+    // Owners too: a second setattr of every inode in one run.
+    for i in 0..n - dirs {
+        fs.set_owner(path(i), Some(1000 + i as u32), None).unwrap();
+    }
+    assert_eq!(fs.poisoned(), None);
+    fs.sync().unwrap();
+    assert!(fs.journal_stats().commits > 10, "the storm committed as it went: {:?}", fs.journal_stats());
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+    let fs = Fs::mount(dev.clone(), test_config()).unwrap();
+    for i in 0..n - dirs {
+        let md = fs.metadata(path(i)).unwrap();
+        assert_eq!(md.permissions(), 0o600 | (i as u32 & 0o7), "{}", path(i));
+        assert_eq!(md.uid, 1000 + i as u32, "{}", path(i));
+    }
+    fs.unmount().unwrap();
+}
+
+/// The same storm without an explicit sync: unmount commits what is left.
+#[test]
+fn a_storm_of_creates_and_chmods_survives_unmount_without_sync() {
+    let dev = Arc::new(MemDevice::new(64 * MIB));
+    pwfs::mkfs(&*dev, &MkfsOptions { inodes: Some(4096), journal_blocks: Some(48) }).unwrap();
+    let fs = Fs::mount(dev.clone(), test_config()).unwrap();
+    for i in 0..3000 {
+        fs.create(format!("/f{i}")).unwrap();
+        fs.set_permissions(format!("/f{i}"), 0o640).unwrap();
+        fs.setxattr(fs.resolve(format!("/f{i}"), true).unwrap(), b"user.k", &[i as u8; 40], false, false).unwrap();
+    }
+    for i in (0..3000).step_by(3) {
+        fs.remove_file(format!("/f{i}")).unwrap();
+    }
+    assert_eq!(fs.poisoned(), None);
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+    let fs = Fs::mount(dev.clone(), test_config()).unwrap();
+    for i in 0..3000 {
+        let md = fs.metadata(format!("/f{i}"));
+        if i % 3 == 0 {
+            assert_eq!(errno(md), libc::ENOENT);
+            continue;
+        }
+        assert_eq!(md.unwrap().permissions(), 0o640);
+        let ino = fs.resolve(format!("/f{i}"), true).unwrap();
+        assert_eq!(fs.getxattr(ino, b"user.k").unwrap(), vec![i as u8; 40]);
+    }
+    fs.unmount().unwrap();
+}
+
+/// Deleting a file whose blocks lie in every bitmap block, with a journal barely
+/// larger than the bitmap: its freeing is split over transactions as needed.
+#[test]
+fn deleting_big_fragmented_files_fits_a_small_journal() {
+    let dev = Arc::new(MemDevice::new(512 * MIB));
+    // 131072 blocks: 5 bitmap blocks; the smallest journal mkfs accepts.
+    let min = 131072u64.div_ceil(32736) + 32;
+    pwfs::mkfs(&*dev, &MkfsOptions { inodes: Some(256), journal_blocks: Some(min) }).unwrap();
+    assert!(pwfs::mkfs(&*dev, &MkfsOptions { inodes: Some(256), journal_blocks: Some(min - 1) }).is_err());
+    pwfs::mkfs(&*dev, &MkfsOptions { inodes: Some(256), journal_blocks: Some(min) }).unwrap();
+    let fs = Fs::mount(dev.clone(), test_config()).unwrap();
+    // Two files written in alternating 4 KiB pieces, interleaved on the device.
+    let (a, b) = (fs.create("/a").unwrap(), fs.create("/b").unwrap());
+    let page = vec![7u8; 4096];
+    for i in 0..4000u64 {
+        a.write_at(&page, i * 4096).unwrap();
+        b.write_at(&page, i * 4096).unwrap();
+        if i % 500 == 0 {
+            fs.sync().unwrap();
+        }
+    }
+    fs.sync().unwrap();
+    // And a big one spanning bitmap blocks.
+    let c = fs.create("/c").unwrap();
+    let chunk = vec![1u8; 1 << 20];
+    for i in 0..300u64 {
+        c.write_at(&chunk, i << 20).unwrap();
+    }
+    drop((a, b, c));
+    fs.sync().unwrap();
+    fs.remove_file("/a").unwrap();
+    fs.remove_file("/c").unwrap();
+    fs.set_len("/b", 5).unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.poisoned(), None);
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+    let fs = Fs::mount(dev.clone(), test_config()).unwrap();
+    assert_eq!(fs.read_file("/b").unwrap(), vec![7u8; 5]);
+    fs.unmount().unwrap();
+}
+
+/// Several creators of one name while the inodes are used up and only a commit
+/// frees some: exactly one of them gets the name.
+#[test]
+fn creators_of_one_name_near_enospc_get_it_once() {
+    for round in 0..40 {
+        let dev = Arc::new(MemDevice::new(16 * MIB));
+        pwfs::mkfs(&*dev, &MkfsOptions { inodes: Some(32), journal_blocks: None }).unwrap();
+        let fs = Fs::mount(dev.clone(), test_config()).unwrap();
+        let mut i = 0;
+        while fs.create(format!("/f{i}")).is_ok() {
+            i += 1;
+        }
+        assert!(i >= 8, "created {i}");
+        // Freed by the next commit only.
+        for k in 0..4 {
+            fs.remove_file(format!("/f{k}")).unwrap();
+        }
+        let threads = 4;
+        let barrier = Arc::new(Barrier::new(threads));
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                let (fs, barrier) = (fs.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .open(&fs, "/race")
+                        .map(|_| ())
+                        .map_err(|e| e.errno())
+                })
+            })
+            .collect();
+        let results: Vec<Result<(), i32>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let won = results.iter().filter(|r| r.is_ok()).count();
+        assert_eq!(won, 1, "round {round}: {results:?}");
+        assert!(results.iter().all(|r| matches!(r, Ok(()) | Err(libc::EEXIST))), "round {round}: {results:?}");
+        assert_eq!(fs.read_dir("/").unwrap().iter().filter(|e| e.name == b"race").count(), 1);
+        fs.unmount().unwrap();
+        fsck_clean(&*dev);
+        let fs = Fs::mount(dev.clone(), test_config()).unwrap();
+        fs.metadata("/race").unwrap();
+        fs.unmount().unwrap();
+    }
+}
+
+/// A commit in the middle of its I/O (its flush held back) stalls neither lookups,
+/// getattrs and cached reads nor metadata changes that fit the running transaction.
+#[test]
+fn a_commit_in_flight_stalls_no_reader() {
+    let image = formatted_image(32 * MIB, &MkfsOptions::default());
+    let (dev, fs) = sim_fs(image, Default::default(), Config { writeback_interval: None, ..test_config() });
+    fs.create_dir("/d", 0o755).unwrap();
+    fs.write_file("/d/cached", &[5u8; 10000]).unwrap();
+    fs.sync().unwrap();
+    let mut buf = vec![0u8; 10000];
+    let f = OpenOptions::new().read(true).open(&fs, "/d/cached").unwrap();
+    f.read_at(&mut buf, 0).unwrap();
+    // Something for the commit to log.
+    fs.create("/d/new").unwrap();
+    dev.hold_flushes();
+    let committer = {
+        let fs = fs.clone();
+        std::thread::spawn(move || fs.sync())
+    };
+    while dev.flushes_held() == 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let worker = {
+        let fs = fs.clone();
+        std::thread::spawn(move || {
+            for i in 0..20 {
+                let md = fs.metadata("/d/cached").unwrap();
+                assert_eq!(md.size, 10000);
+                let mut buf = vec![0u8; 10000];
+                let f = OpenOptions::new().read(true).open(&fs, "/d/cached").unwrap();
+                assert_eq!(f.read_at(&mut buf, 0).unwrap(), 10000);
+                assert_eq!(buf, vec![5u8; 10000]);
+                fs.set_permissions("/d/cached", 0o600 + i % 8).unwrap();
+                fs.create(format!("/d/during{i}")).unwrap();
+                fs.read_dir("/d").unwrap();
+            }
+            tx.send(()).unwrap();
+        })
+    };
+    let done = rx.recv_timeout(Duration::from_secs(30));
+    let still_held = dev.flushes_held();
+    dev.release_flushes();
+    worker.join().unwrap();
+    committer.join().unwrap().unwrap();
+    assert!(done.is_ok(), "readers stalled behind a commit's flush");
+    assert!(still_held > 0, "the commit was in flight all along");
+    fs.sync().unwrap();
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}
