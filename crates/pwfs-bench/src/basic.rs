@@ -210,6 +210,8 @@ impl Handle {
 }
 
 pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
+    let _ = std::fs::create_dir_all(&o.dir);
+    let device = crate::DeviceProbe::measure(&o.dir);
     std::fs::create_dir_all(&o.dir).map_err(err("create bench dir"))?;
     let s = Sizes { pages: o.file_mib * MIB / PAGE, chunk: MIB as usize };
     let image = o.dir.join("basic.img");
@@ -291,6 +293,7 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
             CACHE_BYTES / MIB
         ),
         columns: ["pwfs", "ext4-buffered", "ext4-direct", "raw-uring"].map(String::from).to_vec(),
+        device: Some(device),
         ..Default::default()
     };
     let names = ["pwfs", "ext4-buffered", "ext4-direct", "raw-uring"];

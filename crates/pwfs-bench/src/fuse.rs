@@ -165,6 +165,8 @@ fn git_status(side: &Side) -> R<f64> {
 }
 
 pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
+    let _ = std::fs::create_dir_all(&o.dir);
+    let device = crate::DeviceProbe::measure(&o.dir);
     // SAFETY: plain syscall.
     if unsafe { libc::geteuid() } != 0 {
         return Err("pwfs bench fuse mounts a file system: run it as root".into());
@@ -236,6 +238,7 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
                 crate::basic::CACHE_BYTES / MIB
             ),
             columns: vec!["pwfs".into(), "ext4".into()],
+            device: Some(device),
             ..Default::default()
         };
         let two = |v: &[Vec<f64>; 2]| [("pwfs", median(v[0].clone())), ("ext4", median(v[1].clone()))];

@@ -11,14 +11,19 @@
 //!   mount against ext4 on the same disk.
 //! - `nbw`: the non-blocking-writes experiment: five Filebench personalities × six
 //!   I/O sizes, fetch policies Blocking/Async-FG/Async-BG/Lazy against ext4, cold.
+//! - `scale`: 1, 2, 4 and 8 threads doing overwrites, shared cached reads,
+//!   create+stat+unlink and small writes into cached pages, against ext4.
+//!
+//! Every report records the device's own 4 KiB read and flush latency.
 
 pub mod basic;
 pub mod fuse;
 pub mod kernel;
 pub mod nbw;
 pub mod report;
+pub mod scale;
 
-pub use report::{Report, Row};
+pub use report::{DeviceProbe, Report, Row};
 
 use std::path::PathBuf;
 

@@ -172,6 +172,8 @@ struct Setup {
 }
 
 pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<(Report, String)> {
+    let _ = std::fs::create_dir_all(&o.dir);
+    let device = crate::DeviceProbe::measure(&o.dir);
     // Cache and file: the file is 4× the cache, as in the paper.
     let (cache, dur) = match o.file_mib {
         0..=16 => (4 * MIB, Duration::from_millis(100)),
@@ -252,6 +254,7 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<(Report, String)> {
         ),
         columns: cols.iter().map(|c| c.to_string()).collect(),
         ratio_bases: vec!["Blocking".into(), "ext4".into()],
+        device: Some(device),
         ..Default::default()
     };
     for (p, size, row) in &table {

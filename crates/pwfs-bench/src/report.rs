@@ -24,6 +24,73 @@ pub struct Report {
     /// Columns every other column of a row is also shown relative to (`pwfs bench
     /// nbw`: Blocking and ext4), as tables after the main one and in the JSON.
     pub ratio_bases: Vec<String>,
+    /// The device's own latencies at the start of the run (the disk changes from day
+    /// to day: a target is judged against the kernel in the same run).
+    pub device: Option<DeviceProbe>,
+}
+
+/// The device under the bench directory, measured directly: 4 KiB O_DIRECT random
+/// reads and a 4 KiB O_DIRECT write followed by fdatasync (the flush), medians of a
+/// few dozen, in microseconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DeviceProbe {
+    pub read_4k_us: f64,
+    pub flush_us: f64,
+}
+
+impl DeviceProbe {
+    pub fn measure(dir: &std::path::Path) -> DeviceProbe {
+        Self::try_measure(dir).unwrap_or(DeviceProbe { read_4k_us: f64::NAN, flush_us: f64::NAN })
+    }
+
+    fn try_measure(dir: &std::path::Path) -> std::io::Result<DeviceProbe> {
+        use std::os::unix::fs::OpenOptionsExt;
+        use std::os::unix::io::AsRawFd;
+        const SIZE: u64 = 16 << 20;
+        let path = dir.join(".pwfs-device-probe");
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)?;
+        let mut buf = pwfs::device::AlignedBuf::new(1 << 20);
+        buf.fill(0x3c);
+        let fd = f.as_raw_fd();
+        // Written through, so that reads reach the device rather than unwritten extents.
+        for i in 0..SIZE >> 20 {
+            // SAFETY: buf is valid for its length.
+            if unsafe { libc::pwrite(fd, buf.as_ptr() as *const _, buf.len(), (i << 20) as i64) } < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        f.sync_all()?;
+        let mut page = pwfs::device::AlignedBuf::new(4096);
+        let (mut reads, mut flushes) = (Vec::new(), Vec::new());
+        let mut x = 0x2545_f491u64;
+        for i in 0..48u64 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let off = ((x >> 33) % (SIZE / 4096)) * 4096;
+            let t = std::time::Instant::now();
+            // SAFETY: page is valid for its length.
+            if unsafe { libc::pread(fd, page.as_mut_ptr() as *mut _, 4096, off as i64) } != 4096 {
+                return Err(std::io::Error::last_os_error());
+            }
+            reads.push(t.elapsed().as_secs_f64() * 1e6);
+            let t = std::time::Instant::now();
+            // SAFETY: page is valid for its length.
+            if unsafe { libc::pwrite(fd, page.as_ptr() as *const _, 4096, ((i % 16) * 4096) as i64) } != 4096 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // SAFETY: plain syscall on our fd.
+            unsafe { libc::fdatasync(fd) };
+            flushes.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        drop(f);
+        let _ = std::fs::remove_file(&path);
+        Ok(DeviceProbe { read_4k_us: crate::median(reads), flush_us: crate::median(flushes) })
+    }
 }
 
 impl Report {
@@ -136,6 +203,9 @@ impl Report {
         for n in &self.notes {
             let _ = writeln!(s, "note: {n}");
         }
+        if let Some(d) = self.device {
+            let _ = writeln!(s, "device: 4K read {:.1} us, write+flush {:.1} us", d.read_4k_us, d.flush_us);
+        }
         s
     }
 
@@ -157,6 +227,11 @@ impl Report {
             })).collect::<Vec<_>>(),
             "targets": self.targets.iter().map(|(w, r, t, m)| json!({"what": w, "ratio": r, "target": t, "met": m})).collect::<Vec<_>>(),
             "notes": self.notes,
+            "device": self.device.map(|d| json!({
+                "read_4k_us": d.read_4k_us,
+                "flush_us": d.flush_us,
+                "note": "4 KiB O_DIRECT random read and 4 KiB O_DIRECT write + fdatasync on the bench directory's disk, medians of 48",
+            })),
         })
     }
 }

@@ -457,7 +457,10 @@ fn fetcher_thread(fs: Weak<FsInner>, rx: std::sync::mpsc::Receiver<(u64, u64)>) 
                 let pages: Vec<Arc<Page>> = idxs.into_iter().filter_map(|i| inner.cache.get((ino, i))).collect();
                 inner.claim(pages)
             };
-            let _ = inner.fetch(ino, claimed);
+            if let Err(e) = inner.fetch(ino, claimed) {
+                // The writes are reported lost by the file's next fsync or close.
+                tracing::warn!(ino, "background fetch for non-blocking writes failed: {e}");
+            }
         }
     }
 }
@@ -487,7 +490,9 @@ fn readahead_one(inner: &FsInner, ino: u64, first: u64, n: u64) {
         inner.cache.read_ahead_range(ino, first, n).into_iter().filter(|p| p.1).map(|p| p.0).collect()
     };
     // A failed readahead fails its pages; the reader fetches them again.
-    let _ = inner.fetch(ino, new);
+    if let Err(e) = inner.fetch(ino, new) {
+        tracing::debug!(ino, first, "readahead failed: {e}");
+    }
 }
 
 fn writeback_thread(fs: Weak<FsInner>, wake: Arc<(Mutex<bool>, Condvar)>, every: std::time::Duration) {
@@ -513,12 +518,15 @@ fn writeback_thread(fs: Weak<FsInner>, wake: Arc<(Mutex<bool>, Condvar)>, every:
                     // Under the lock the writers check under: no wake-up is lost.
                     drop(inner.throttle.0.lock());
                     inner.throttle.1.notify_all();
+                    if let Err(e) = &r {
+                        tracing::error!("background write-back failed: {e}");
+                    }
                     if r.is_err() || inner.pressure() < 0.25 {
                         break;
                     }
                 }
-            } else {
-                let _ = inner.commit();
+            } else if let Err(e) = inner.commit() {
+                tracing::error!("periodic commit failed: {e}");
             }
         }
     }
@@ -539,6 +547,7 @@ impl FsInner {
     pub fn poison(&self, e: Error) -> Error {
         let mut p = self.poisoned.lock();
         if p.is_none() {
+            tracing::error!(device = self.dev.name(), "file system turns read-only: {e}");
             *p = Some(e.to_string());
         }
         if e.kind == ErrorKind::NoSpace {
