@@ -46,10 +46,6 @@ impl Allocator {
         }
     }
 
-    pub fn is_used(&self, block: u64) -> bool {
-        block >= self.base && block < self.base + self.len && self.get(block - self.base)
-    }
-
     /// Mark a block used while loading the on-disk bitmap.
     pub fn mark_used(&mut self, block: u64) {
         let i = block - self.base;

@@ -88,14 +88,6 @@ impl Journal {
         self.log_len
     }
 
-    pub fn next_seq(&self) -> u64 {
-        self.next_seq
-    }
-
-    pub fn pending_blocks(&self) -> usize {
-        self.pending.len()
-    }
-
     /// Make the transaction durable. On error nothing is known about the medium; the
     /// caller must poison the file system.
     pub fn commit(&mut self, dev: &dyn Device, tx: Transaction) -> Result<()> {
@@ -194,10 +186,6 @@ impl Journal {
         self.pos = 0;
         self.stats.checkpoints += 1;
         Ok(())
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.pos == 0
     }
 }
 

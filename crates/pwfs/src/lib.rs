@@ -1,26 +1,37 @@
 //! Patchwork (`pwfs`): a user-space file system and I/O stack.
 //!
-//! Layers, top to bottom (DESIGN.md §2); a module uses only the ones below it:
-//! - [`fs`]: namespace, inodes, directories, file I/O entry points, the Rust API.
-//! - [`lock`] (file access ordering), [`cache`] (page cache), [`journal`] (metadata
-//!   durability and recovery). The I/O router of mechanism 5 will sit beside them;
-//!   until then `Config::io_path` is its off-switch and only `Buffered` exists.
-//! - [`alloc`] (free space) and [`format`] (every on-disk structure).
+//! Layers, top to bottom (DESIGN.md §2); a module uses only the ones below it, and
+//! each mechanism is one module named after it:
+//! - [`fs`]: namespace, inodes, directories, file I/O entry points, mkfs and mount,
+//!   the Rust API.
+//! - `lock` (file access ordering; range locks of mechanism 2 plug in here), `cache`
+//!   (page states, sharded CLOCK) with `nbw` (mechanism 1: patches, fetch policies,
+//!   the fetcher) and `readahead`; `commit` (admitting operations into the running
+//!   transaction, closing and logging it) over `journal` (records, commit, recovery);
+//!   `writeback` (placing and writing dirty pages, pressure, the background thread).
+//! - `alloc` (free space) and [`format`](crate::format) (every on-disk structure).
 //! - [`device`] (io_uring, pread/pwrite, memory, simulated engines).
 //!
 //! [`fsck`] reads an image with `format` and `journal` (and the superblock reader of
 //! `fs`), never through a mounted file system, so that it checks what is on the medium.
+//! Modules below `fs` are private to the crate; what front ends may use is re-exported.
 
-pub mod alloc;
-pub mod cache;
+mod alloc;
+mod cache;
+mod commit;
 pub mod config;
 pub mod device;
 pub mod error;
 pub mod format;
 pub mod fs;
 pub mod fsck;
-pub mod journal;
-pub mod lock;
+mod journal;
+mod lock;
+mod nbw;
+mod readahead;
+mod writeback;
+
+pub use journal::JournalStats;
 
 pub use config::{Config, FetchPolicy, IoPath, LockMode, Stack};
 pub use error::{Error, ErrorKind, Result};

@@ -7,31 +7,12 @@ use super::api::{DirEntry, FileType, Metadata, SetAttr, StatFs, TimeSet};
 use super::meta::{ftype_of, now, Meta, TxSize};
 use super::{Fs, FsInner};
 use crate::cache::PageState;
+use crate::commit::{entry_cost, Need};
 use crate::error::{Error, Result};
 use crate::format::{self as f, BLOCK, BLOCK_SIZE};
 
 /// ext4's limit; beyond it link() and mkdir() fail with EMLINK.
 pub const LINK_MAX: u32 = 65000;
-
-/// What an operation adds to the running transaction at most, and the free blocks
-/// (and inode) it takes.
-struct Need {
-    tx: TxSize,
-    blocks: u64,
-    inode: bool,
-}
-
-impl Need {
-    fn tx(tx: TxSize) -> Need {
-        Need { tx, blocks: 0, inode: false }
-    }
-}
-
-/// A directory entry added or changed: its block, and when the directory grows, a new
-/// block and the bitmap block that allocates it.
-fn entry_cost(grow: bool) -> TxSize {
-    TxSize::new(1 + 2 * grow as u64, 0)
-}
 
 /// What a new inode is: type and permissions, owner, device number, symlink target.
 struct NewNode<'a> {
@@ -84,66 +65,7 @@ pub(crate) fn attr(ino: u64, node: &super::meta::Inode) -> Metadata {
     }
 }
 
-impl FsInner {
-    /// Run the changing part of an operation: the checks before it have passed, so an
-    /// error now leaves a half-done change in memory, and the file system turns
-    /// read-only rather than commit it.
-    fn mutate<T>(&self, m: &mut Meta, f: impl FnOnce(&mut Meta) -> Result<T>) -> Result<T> {
-        f(m).map_err(|e| self.poison(e))
-    }
-
-    /// Whether an operation that needs `need` may change things now: `Ok(true)` it
-    /// may; `Ok(false)` the running transaction must commit first (the journal has no
-    /// room for it, or committing frees space it needs); an error if it cannot be
-    /// done at all. `committed`: a commit for it has already run.
-    fn admit(&self, m: &Meta, need: &Need, committed: bool) -> Result<bool> {
-        if need.tx.log_blocks() > self.tx_cap {
-            return Err(Error::no_space(format!(
-                "operation needs {} journal blocks, the journal holds {}",
-                need.tx.log_blocks(),
-                self.tx_cap
-            )));
-        }
-        if m.tx_size().plus(need.tx).log_blocks() > self.tx_cap {
-            return Ok(false);
-        }
-        let short = m.available() < need.blocks + Self::meta_reserve(m) || (need.inode && m.ifree == 0);
-        if short {
-            if !committed && (m.alloc.pending_blocks() > 0 || !m.to_free.is_empty()) {
-                return Ok(false);
-            }
-            let what = if need.inode && m.ifree == 0 { "no free inodes" } else { "no free blocks" };
-            return Err(Error::no_space(what));
-        }
-        Ok(true)
-    }
-
-    /// The metadata lock, held from an operation's checks through its change: `check`
-    /// runs the checks and says what the change needs; while the running transaction
-    /// has no room for it, that transaction commits (without the lock) and the
-    /// checks run again, since others may have changed the namespace meanwhile.
-    fn admitted<T>(
-        &self,
-        mut check: impl FnMut(&mut Meta) -> Result<(Need, T)>,
-    ) -> Result<(parking_lot::MutexGuard<'_, Meta>, T)> {
-        let mut committed = false;
-        loop {
-            let mut m = self.meta.lock();
-            let (need, v) = check(&mut m)?;
-            if self.admit(&m, &need, committed)? {
-                return Ok((m, v));
-            }
-            drop(m);
-            self.commit()?;
-            committed = true;
-        }
-    }
-
-    /// Blocks kept back for metadata that commits allocate (extent chains).
-    fn meta_reserve(m: &Meta) -> u64 {
-        (m.sb.data_blocks() / 100).clamp(8, 1024)
-    }
-}
+impl FsInner {}
 
 impl Fs {
     fn meta(&self) -> parking_lot::MutexGuard<'_, Meta> {

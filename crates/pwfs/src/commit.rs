@@ -1,0 +1,231 @@
+//! commit: the running transaction — admitting operations while it has room, closing it
+//! (write back data first: ordered mode), logging it, freeing unlinked inodes as it goes.
+
+use crate::error::{Error, Result};
+use crate::fs::meta::{self, Meta, TxSize};
+use crate::fs::FsInner;
+use std::sync::atomic::Ordering;
+
+/// What an operation adds to the running transaction at most, and the free blocks
+/// (and inode) it takes.
+pub(crate) struct Need {
+    pub tx: TxSize,
+    pub blocks: u64,
+    pub inode: bool,
+}
+
+impl Need {
+    pub fn tx(tx: TxSize) -> Need {
+        Need { tx, blocks: 0, inode: false }
+    }
+}
+
+/// A directory entry added or changed: its block, and when the directory grows, a new
+/// block and the bitmap block that allocates it.
+pub(crate) fn entry_cost(grow: bool) -> TxSize {
+    TxSize::new(1 + 2 * grow as u64, 0)
+}
+
+impl FsInner {
+    /// Free the inodes that lost their last name and handle, as many as fit in the
+    /// running transaction; returns whether some are left for another one. Under the
+    /// commit lock, so that write-back never places a page of a freed inode.
+    fn free_unlinked(&self) -> Result<bool> {
+        // Reopened by inode number, or relinked, meanwhile: it stays.
+        let unlinked = |m: &mut Meta, ino: u64| -> Result<bool> {
+            Ok(m.open.get(&ino).copied().unwrap_or(0) == 0 && m.inode(ino)?.d.nlink == 0)
+        };
+        let inos: Vec<u64> = self.meta.lock().to_free.iter().copied().collect();
+        for ino in inos {
+            {
+                let mut m = self.meta.lock();
+                m.to_free.remove(&ino);
+                if !unlinked(&mut m, ino)? {
+                    continue;
+                }
+            }
+            // Without the metadata lock: a page being fetched is waited for.
+            let dropped = self.cache.drop_from(ino, 0);
+            self.forget_pages(dropped);
+            let mut m = self.meta.lock();
+            if !unlinked(&mut m, ino)? {
+                continue;
+            }
+            let cost = m.free_cost(ino)?;
+            if m.tx_size().plus(cost).log_blocks() > self.tx_cap {
+                // Too big for what is left of this transaction: freed in the next
+                // one, or, if it is too big for any, a part of it in each.
+                let empty = m.tx_is_empty();
+                let trimmed = empty && m.trim_inode(ino, self.tx_cap)?;
+                m.to_free.insert(ino);
+                if empty && !trimmed {
+                    if m.credits != meta::TxSize::default() {
+                        // Room promised to operations in progress: a later commit.
+                        return Ok(false);
+                    }
+                    return Err(Error::corrupt(format!("bug: inode {ino} cannot be freed within the journal")));
+                }
+                return Ok(true);
+            }
+            m.free_inode(ino)?;
+        }
+        Ok(false)
+    }
+
+    /// Unlinked inodes found at mount (their last handle went away in a crash) are
+    /// freed by the first commit.
+    pub(crate) fn free_orphans(&self) -> Result<usize> {
+        let mut m = self.meta.lock();
+        let mut n = 0;
+        for ino in m.used_inodes() {
+            if m.inode(ino)?.d.nlink == 0 {
+                m.to_free.insert(ino);
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    pub fn commit(&self) -> Result<()> {
+        self.check_writable()?;
+        let _c = self.commit_lock.lock();
+        self.commit_locked()
+    }
+
+    /// Write back data, then log metadata. The caller holds the commit lock. Freeing
+    /// unlinked inodes may take several transactions.
+    pub fn commit_locked(&self) -> Result<()> {
+        loop {
+            self.check_writable()?;
+            let more = self.free_unlinked().map_err(|e| self.poison(e))?;
+            self.commit_once()?;
+            if !more {
+                return Ok(());
+            }
+        }
+    }
+
+    fn commit_once(&self) -> Result<()> {
+        let wrote = self.writeback_locked()?;
+        let (tx, frees) = {
+            let mut m = self.meta.lock();
+            m.take_tx().map_err(|e| self.poison(e))?
+        };
+        let logged: Vec<u64> = tx.images.iter().map(|(b, _)| *b).collect();
+        if tx.is_empty() {
+            if wrote {
+                self.dev.flush().map_err(|e| self.poison(e.into()))?;
+            }
+            self.meta.lock().alloc.release(frees);
+            return Ok(());
+        }
+        let mut j = self.journal.lock();
+        let before = j.stats.checkpoints;
+        j.commit(&*self.dev, tx).map_err(|e| self.poison(e))?;
+        let checkpointed = j.stats.checkpoints != before;
+        drop(j);
+        let mut m = self.meta.lock();
+        if checkpointed {
+            m.pinned.clear();
+        }
+        m.pinned.extend(logged);
+        m.alloc.release(frees);
+        Ok(())
+    }
+
+    /// Commit if the running transaction is getting too big for the journal, or if
+    /// too much of the cache is dirty (the caller waits: write throttling). At half
+    /// that much dirty data, wake the write-back thread instead, so that the device
+    /// writes while the caller goes on filling the cache.
+    pub fn maybe_commit(&self) -> Result<()> {
+        // A quarter of the journal: commits stay short, and the log holds several
+        // before a checkpoint. (Only the metadata lock is taken here: a commit in
+        // flight holds the journal lock across its I/O.)
+        let big = self.meta.lock().tx_size().log_blocks() >= (self.tx_cap / 4).max(4);
+        if big {
+            return self.commit();
+        }
+        let pressure = self.pressure();
+        if pressure >= 0.5 && !self.kick.swap(true, Ordering::Relaxed) {
+            self.wake.1.notify_all();
+        }
+        if pressure >= 1.0 {
+            if self.config.writeback_interval.is_none() {
+                return self.writeback();
+            }
+            // Throttle: wait for the write-back thread to bring dirty data under the
+            // limit (so the device keeps writing while this writer waits), or do it
+            // here if that takes too long.
+            let mut g = self.throttle.0.lock();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
+            while self.pressure() >= 1.0 {
+                self.kick.store(true, Ordering::Relaxed);
+                self.wake.1.notify_all();
+                if self.throttle.1.wait_until(&mut g, deadline).timed_out() {
+                    drop(g);
+                    return self.writeback();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Run the changing part of an operation: the checks before it have passed, so an
+    /// error now leaves a half-done change in memory, and the file system turns
+    /// read-only rather than commit it.
+    pub(crate) fn mutate<T>(&self, m: &mut Meta, f: impl FnOnce(&mut Meta) -> Result<T>) -> Result<T> {
+        f(m).map_err(|e| self.poison(e))
+    }
+
+    /// Whether an operation that needs `need` may change things now: `Ok(true)` it
+    /// may; `Ok(false)` the running transaction must commit first (the journal has no
+    /// room for it, or committing frees space it needs); an error if it cannot be
+    /// done at all. `committed`: a commit for it has already run.
+    fn admit(&self, m: &Meta, need: &Need, committed: bool) -> Result<bool> {
+        if need.tx.log_blocks() > self.tx_cap {
+            return Err(Error::no_space(format!(
+                "operation needs {} journal blocks, the journal holds {}",
+                need.tx.log_blocks(),
+                self.tx_cap
+            )));
+        }
+        if m.tx_size().plus(need.tx).log_blocks() > self.tx_cap {
+            return Ok(false);
+        }
+        let short = m.available() < need.blocks + Self::meta_reserve(m) || (need.inode && m.ifree == 0);
+        if short {
+            if !committed && (m.alloc.pending_blocks() > 0 || !m.to_free.is_empty()) {
+                return Ok(false);
+            }
+            let what = if need.inode && m.ifree == 0 { "no free inodes" } else { "no free blocks" };
+            return Err(Error::no_space(what));
+        }
+        Ok(true)
+    }
+
+    /// The metadata lock, held from an operation's checks through its change: `check`
+    /// runs the checks and says what the change needs; while the running transaction
+    /// has no room for it, that transaction commits (without the lock) and the
+    /// checks run again, since others may have changed the namespace meanwhile.
+    pub(crate) fn admitted<T>(
+        &self,
+        mut check: impl FnMut(&mut Meta) -> Result<(Need, T)>,
+    ) -> Result<(parking_lot::MutexGuard<'_, Meta>, T)> {
+        let mut committed = false;
+        loop {
+            let mut m = self.meta.lock();
+            let (need, v) = check(&mut m)?;
+            if self.admit(&m, &need, committed)? {
+                return Ok((m, v));
+            }
+            drop(m);
+            self.commit()?;
+            committed = true;
+        }
+    }
+
+    /// Blocks kept back for metadata that commits allocate (extent chains).
+    pub(crate) fn meta_reserve(m: &Meta) -> u64 {
+        (m.sb.data_blocks() / 100).clamp(8, 1024)
+    }
+}

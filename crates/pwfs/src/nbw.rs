@@ -1,0 +1,252 @@
+//! nbw: non-blocking writes (mechanism 1, DESIGN.md §1.1). A partial write to a page
+//! that is not in memory is kept as a patch and returns at once; the page is fetched
+//! later — by the writer's own request (Async-FG), the fetcher thread (Async-BG), or
+//! write-back (Lazy) — and the patches are applied in order when its data arrives.
+//! `FetchPolicy::Blocking` is the off-switch. This module holds the patch queue of a
+//! page, the fetch of pages from the device (where patches meet their data), and the
+//! fetcher thread.
+
+use crate::cache::{Page, PageData};
+use crate::device::{Op, OpKind};
+use crate::error::{Error, Result};
+use crate::format::{BLOCK, BLOCK_SIZE};
+use crate::fs::FsInner;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+
+/// Bytes written at an offset within a page.
+#[derive(Debug, Clone)]
+pub struct Patch {
+    pub offset: u16,
+    pub data: Vec<u8>,
+}
+
+impl PageData {
+    /// Record a write as a patch, in FIFO order. Patches at the tail of the queue that
+    /// overlap or touch the new one merge into it (their bytes first, the new ones on
+    /// top): merging only from the tail never lets older bytes overtake newer ones.
+    /// Returns the change in patch bytes.
+    pub fn add_patch(&mut self, offset: usize, data: &[u8]) -> isize {
+        let before = self.patch_bytes();
+        let (mut start, mut end) = (offset, offset + data.len());
+        let mut absorbed = Vec::new();
+        while let Some(last) = self.patches.last() {
+            let (ps, pe) = (last.offset as usize, last.offset as usize + last.data.len());
+            if pe < start || ps > end {
+                break;
+            }
+            start = start.min(ps);
+            end = end.max(pe);
+            absorbed.push(self.patches.pop().expect("checked"));
+        }
+        let mut merged = vec![0u8; end - start];
+        // Oldest first; every absorbed patch touches the growing range, so the merged
+        // bytes are all written.
+        for p in absorbed.iter().rev() {
+            let at = p.offset as usize - start;
+            merged[at..at + p.data.len()].copy_from_slice(&p.data);
+        }
+        merged[offset - start..offset - start + data.len()].copy_from_slice(data);
+        self.patches.push(Patch { offset: start as u16, data: merged });
+        self.patch_bytes() as isize - before as isize
+    }
+
+    /// Bytes held in patches.
+    pub fn patch_bytes(&self) -> usize {
+        self.patches.iter().map(|p| p.data.len()).sum()
+    }
+
+    /// Copy `out.len()` bytes at `offset` from the patches if they cover all of them.
+    pub fn read_patches(&self, offset: usize, out: &mut [u8]) -> bool {
+        let mut covered = vec![false; out.len()];
+        for p in &self.patches {
+            let (ps, pe) = (p.offset as usize, p.offset as usize + p.data.len());
+            let (s, e) = (ps.max(offset), pe.min(offset + out.len()));
+            if s < e {
+                out[s - offset..e - offset].copy_from_slice(&p.data[s - ps..e - ps]);
+                covered[s - offset..e - offset].iter_mut().for_each(|c| *c = true);
+            }
+        }
+        covered.iter().all(|c| *c)
+    }
+}
+
+/// Fetches the pages a sequential reader will ask for next, while it copies out
+/// the ones it has: the device works while the CPU does.
+/// Resolves pages with patches (reads their data, applies the patches) in the
+/// background, for the asynchronous fetch policies.
+pub(crate) fn fetcher_thread(fs: Weak<FsInner>, rx: std::sync::mpsc::Receiver<(u64, u64)>) {
+    while let Ok(first) = rx.recv() {
+        // Everything queued meanwhile goes to the device in one batch.
+        let mut batch: std::collections::BTreeMap<u64, Vec<u64>> = Default::default();
+        batch.entry(first.0).or_default().push(first.1);
+        while let Ok((ino, idx)) = rx.try_recv() {
+            batch.entry(ino).or_default().push(idx);
+            if batch.values().map(Vec::len).sum::<usize>() >= 256 {
+                break;
+            }
+        }
+        let Some(inner) = fs.upgrade() else { return };
+        for (ino, idxs) in batch {
+            // The pages are claimed under the inode lock (as a reader: a truncate sees
+            // them in the cache and waits for them), and read without it, so that
+            // writers to other pages of the file do not wait for this I/O.
+            let claimed = {
+                let _g = inner.locks.read(ino);
+                let pages: Vec<Arc<Page>> = idxs.into_iter().filter_map(|i| inner.cache.get((ino, i))).collect();
+                inner.claim(pages)
+            };
+            if let Err(e) = inner.fetch(ino, claimed) {
+                // The writes are reported lost by the file's next fsync or close.
+                tracing::warn!(ino, "background fetch for non-blocking writes failed: {e}");
+            }
+        }
+    }
+}
+
+impl FsInner {
+    /// A fetch failed: waiters get EIO, the page leaves the cache, and if writes had
+    /// already returned with patches on it, the file's next fsync reports the loss.
+    fn fail_page(&self, ino: u64, page: &Page) {
+        // The patches are taken, so that no one settles them a second time (a truncate
+        // that waited for this page).
+        let lost = std::mem::take(&mut page.lock().patches).iter().map(|p| p.data.len()).sum();
+        if lost > 0 {
+            self.settle_patches(lost);
+            self.fetch_errors.lock().insert(ino);
+        }
+        self.cache.fail(page);
+    }
+
+    /// A page's patches (`bytes`, 0 if it had none) leave patch memory: applied to its
+    /// data (under the page lock, before the page becomes readable), dropped with the
+    /// page, or lost with a failed fetch.
+    fn settle_patches(&self, bytes: usize) {
+        if bytes > 0 {
+            self.stats.patch_bytes.fetch_sub(bytes as i64, Ordering::Relaxed);
+            self.stats.patched_pages.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Settle the patch accounting of pages dropped from the cache (truncate, delete).
+    pub fn forget_pages(&self, pages: Vec<Arc<Page>>) {
+        for p in pages {
+            // A page the fetcher or readahead is reading (they hold no inode lock
+            // during I/O) is waited for; taking its patches means a fetch that claims
+            // it later applies nothing and nothing is counted twice.
+            let patches = std::mem::take(&mut p.wait().patches);
+            self.settle_patches(patches.iter().map(|p| p.data.len()).sum());
+        }
+    }
+
+    /// Fetch the data of pages that hold patches, apply the patches, and make them
+    /// ordinary dirty pages. Pages already being fetched are waited for.
+    pub fn resolve(&self, ino: u64, pages: Vec<Arc<Page>>) -> Result<()> {
+        let claimed = self.claim(pages);
+        self.fetch(ino, claimed)
+    }
+
+    /// The pages that hold patches (Outdated), now Fetching and ours to fetch.
+    pub fn claim(&self, pages: Vec<Arc<Page>>) -> Vec<Arc<Page>> {
+        let mut claimed = Vec::new();
+        for p in pages {
+            let mut g = p.lock();
+            if g.state == crate::cache::PageState::Outdated {
+                g.state = crate::cache::PageState::Fetching;
+                drop(g);
+                claimed.push(p);
+            }
+        }
+        claimed
+    }
+
+    /// Whether `n` more bytes of patches fit in the configured patch memory.
+    pub fn patch_room(&self, n: usize) -> bool {
+        self.stats.patch_bytes.load(Ordering::Relaxed) + n as i64 <= self.config.patch_bytes as i64
+    }
+
+    /// Queue a page with patches for the fetcher thread.
+    pub fn queue_fetch(&self, ino: u64, idx: u64) {
+        if let Some(q) = &*self.fetch_queue.lock() {
+            let _ = q.send((ino, idx));
+        }
+    }
+
+    /// Read the given freshly inserted (Fetching) pages of `ino` from the device, or
+    /// zero-fill the ones that map to no block. A page whose read fails is failed; the
+    /// first error is returned.
+    ///
+    /// Pages go to the device and become readable a chunk at a time: a thread waiting
+    /// for one page of a big fetch (write-back resolving every patched page under Lazy)
+    /// waits for its chunk, not for the whole fetch.
+    pub fn fetch(&self, ino: u64, mut pages: Vec<Arc<Page>>) -> Result<()> {
+        const CHUNK: usize = 256;
+        let mut result = Ok(());
+        while !pages.is_empty() {
+            let rest = pages.split_off(pages.len().min(CHUNK));
+            let r = self.fetch_chunk(ino, std::mem::replace(&mut pages, rest));
+            if result.is_ok() {
+                result = r;
+            }
+        }
+        result
+    }
+
+    fn fetch_chunk(&self, ino: u64, pages: Vec<Arc<Page>>) -> Result<()> {
+        let maps: Result<Vec<Option<u64>>> = {
+            let mut m = self.meta.lock();
+            m.inode(ino).map(|node| pages.iter().map(|p| node.map(p.key.1)).collect())
+        };
+        let maps = match maps {
+            Ok(v) => v,
+            Err(e) => {
+                pages.iter().for_each(|p| self.fail_page(ino, p));
+                return Err(e);
+            }
+        };
+        let mut ops: Vec<Op> = Vec::new();
+        let mut owners: Vec<Vec<usize>> = Vec::new();
+        let mut last: Option<u64> = None;
+        for (i, (p, b)) in pages.iter().zip(&maps).enumerate() {
+            let Some(b) = *b else {
+                let g = p.lock();
+                self.settle_patches(g.patch_bytes());
+                p.complete(g, self.dev.alloc_zeroed(BLOCK_SIZE));
+                last = None;
+                continue;
+            };
+            let buf = self.dev.alloc(BLOCK_SIZE);
+            match (ops.last_mut(), last) {
+                (Some(op), Some(l)) if l + 1 == b && op.bufs.len() < 256 => {
+                    op.bufs.push(buf);
+                    owners.last_mut().expect("paired").push(i);
+                }
+                _ => {
+                    ops.push(Op { kind: OpKind::Read, offset: b * BLOCK, bufs: vec![buf] });
+                    owners.push(vec![i]);
+                }
+            }
+            last = Some(b);
+        }
+        self.stats.data_reads.fetch_add(ops.len() as u64, Ordering::Relaxed);
+        let mut err = None;
+        for (d, own) in self.dev.submit(ops).into_iter().zip(owners) {
+            match d.result {
+                Ok(()) => {
+                    for (buf, i) in d.bufs.into_iter().zip(own) {
+                        let g = pages[i].lock();
+                        self.settle_patches(g.patch_bytes());
+                        pages[i].complete(g, buf);
+                    }
+                }
+                Err(e) => {
+                    for i in own {
+                        self.fail_page(ino, &pages[i]);
+                    }
+                    err = Some(Error::from(e));
+                }
+            }
+        }
+        err.map_or(Ok(()), Err)
+    }
+}

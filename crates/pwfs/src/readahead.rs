@@ -1,0 +1,81 @@
+//! readahead: a sequential reader finds the pages it asks for next already read:
+//! background readers fetch windows ahead of it while it copies out the ones it has.
+
+use crate::cache::Page;
+use crate::format::BLOCK;
+use crate::fs::FsInner;
+use parking_lot::Mutex;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+
+type RaQueue = Arc<Mutex<std::sync::mpsc::Receiver<(u64, u64, u64)>>>;
+
+pub(crate) fn readahead_thread(fs: Weak<FsInner>, rx: RaQueue) {
+    loop {
+        let Ok((ino, first, n)) = rx.lock().recv() else { return };
+        let Some(inner) = fs.upgrade() else { return };
+        readahead_one(&inner, ino, first, n);
+        inner.ra_pending.fetch_sub(1, Ordering::Release);
+    }
+}
+
+fn readahead_one(inner: &FsInner, ino: u64, first: u64, n: u64) {
+    // Pages are inserted under the inode lock (as a reader: a truncate cannot run
+    // between the size check and the insert, and finds them in the cache after it),
+    // and read without it.
+    let new: Vec<Arc<Page>> = {
+        let _g = inner.locks.read(ino);
+        let size = match inner.meta.lock().inode(ino) {
+            Ok(node) => node.d.size,
+            Err(_) => return,
+        };
+        let n = n.min(size.div_ceil(BLOCK).saturating_sub(first));
+        inner.cache.read_ahead_range(ino, first, n).into_iter().filter(|p| p.1).map(|p| p.0).collect()
+    };
+    // A failed readahead fails its pages; the reader fetches them again.
+    if let Err(e) = inner.fetch(ino, new) {
+        tracing::debug!(ino, first, "readahead failed: {e}");
+    }
+}
+
+impl FsInner {
+    /// Note a read of `len` bytes at `offset`. A reader that continues where it left
+    /// off is sequential: keep up to five windows of pages ahead of it queued for the
+    /// background readers, in requests of two windows, so that two requests are in
+    /// flight while the reader copies (measured: one window ahead left the device
+    /// idle between requests; see docs/BENCHMARKS.md).
+    pub fn readahead(&self, ino: u64, offset: u64, len: u64, size: u64) {
+        // Up to five windows may be queued ahead: keep them well inside the cache, or
+        // readahead evicts what the reader is about to read.
+        let cap = (self.cache.capacity() as u64 / 16).max(1);
+        let window = self.config.readahead_pages.min(cap).max(len.div_ceil(BLOCK));
+        if self.config.readahead_pages == 0 {
+            return;
+        }
+        let end = (offset + len).div_ceil(BLOCK);
+        let queue = {
+            let mut ra = self.ra_next.lock();
+            if ra.len() > 4096 {
+                ra.clear();
+            }
+            let (expected, frontier) = ra.get(&ino).copied().unwrap_or((u64::MAX, 0));
+            let sequential = expected == offset;
+            let mut frontier = if sequential { frontier.max(end) } else { end };
+            let mut queue = None;
+            if sequential && frontier < end + 5 * window && frontier * BLOCK < size {
+                queue = Some((frontier, 2 * window));
+                frontier += 2 * window;
+            }
+            ra.insert(ino, (offset + len, frontier));
+            queue
+        };
+        if let Some((from, n)) = queue {
+            if let Some(q) = &*self.ra_queue.lock() {
+                self.ra_pending.fetch_add(1, Ordering::Relaxed);
+                if q.send((ino, from, n)).is_err() {
+                    self.ra_pending.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! writeback: dirty pages go home — placed (delayed allocation), written in runs,
+//! overlapping their bookkeeping with the device; the write-back thread, dirty-data
+//! pressure and writer throttling.
+
+use crate::cache::Page;
+use crate::device::{AlignedBuf, Op, OpKind};
+use crate::error::Result;
+use crate::format::BLOCK;
+use crate::fs::meta::Meta;
+use crate::fs::FsInner;
+use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+
+pub(crate) fn writeback_thread(fs: Weak<FsInner>, wake: Arc<(Mutex<bool>, Condvar)>, every: std::time::Duration) {
+    loop {
+        {
+            let mut stop = wake.0.lock();
+            if *stop {
+                return;
+            }
+            wake.1.wait_for(&mut stop, every);
+            if *stop {
+                return;
+            }
+        }
+        let Some(inner) = fs.upgrade() else { return };
+        if inner.poisoned.lock().is_none() {
+            // Errors poison the file system; the next caller sees them.
+            if inner.kick.swap(false, Ordering::Relaxed) {
+                // Write back until well under the limit, waking throttled writers
+                // after every round.
+                loop {
+                    let r = inner.writeback();
+                    // Under the lock the writers check under: no wake-up is lost.
+                    drop(inner.throttle.0.lock());
+                    inner.throttle.1.notify_all();
+                    if let Err(e) = &r {
+                        tracing::error!("background write-back failed: {e}");
+                    }
+                    if r.is_err() || inner.pressure() < 0.25 {
+                        break;
+                    }
+                }
+            } else if let Err(e) = inner.commit() {
+                tracing::error!("periodic commit failed: {e}");
+            }
+        }
+    }
+}
+
+impl FsInner {
+    /// How full the cache is of changes not yet written: dirty pages against the
+    /// dirty limit, or patch bytes against patch memory, whichever is fuller (1.0 is
+    /// at the limit). Write-back starts at 0.5 and writers wait at 1.0; a Lazy fetch
+    /// happens here, under patch-memory pressure.
+    pub fn pressure(&self) -> f64 {
+        let limit = self.cache.capacity() as f64 * self.config.dirty_ratio;
+        let dirty = self.dirty_pages() as f64 / limit;
+        let patches =
+            self.stats.patch_bytes.load(Ordering::Relaxed).max(0) as f64 / self.config.patch_bytes.max(1) as f64;
+        dirty.max(patches)
+    }
+
+    /// Dirty pages that hold a page buffer (pages with only patches are bounded by
+    /// patch memory instead).
+    pub fn dirty_pages(&self) -> usize {
+        let patched = self.stats.patched_pages.load(Ordering::Relaxed).max(0) as usize;
+        self.cache.dirty_count().saturating_sub(patched)
+    }
+
+    /// Write dirty data home without committing: frees the cache for more writes.
+    /// Ordered mode holds, since the data goes out before any commit that maps it.
+    pub fn writeback(&self) -> Result<()> {
+        self.check_writable()?;
+        let _c = self.commit_lock.lock();
+        self.writeback_locked().map(|_| ())
+    }
+
+    /// Write every dirty page home, allocating blocks for unmapped pages. Returns
+    /// whether anything was written. The caller holds the commit lock.
+    pub(crate) fn writeback_locked(&self) -> Result<bool> {
+        let pages = self.cache.take_dirty();
+        if pages.is_empty() {
+            return Ok(false);
+        }
+        // Pages with patches get their data first (a failed fetch is remembered for the
+        // file's next fsync; its page is dropped and not written).
+        let mut by_ino: std::collections::BTreeMap<u64, Vec<Arc<Page>>> = Default::default();
+        for p in &pages {
+            if p.lock().state == crate::cache::PageState::Outdated {
+                by_ino.entry(p.key.0).or_default().push(p.clone());
+            }
+        }
+        for (ino, ps) in by_ino {
+            let _ = self.resolve(ino, ps);
+        }
+        // Then wait for every page another thread is fetching — including one the
+        // fetcher claimed between the look above and `resolve` — so that all of them
+        // are written now: an fsync must not return before they are.
+        for p in &pages {
+            drop(p.wait());
+        }
+        // Pages are prepared (mapped, allocated, turned into requests) a chunk at a
+        // time, while the device writes the chunks before: the bookkeeping of write-back
+        // overlaps its I/O instead of leaving the device idle.
+        const CHUNK: usize = 2048;
+        let mut pages = pages.into_iter();
+        let mut written: Vec<Arc<Page>> = Vec::new();
+        let mut mapped = Ok(());
+        let mut next = || -> Option<Vec<Op>> {
+            while mapped.is_ok() {
+                let chunk: Vec<Arc<Page>> = pages.by_ref().take(CHUNK).collect();
+                if chunk.is_empty() {
+                    return None;
+                }
+                let ops = self.prepare_writeback(chunk, &mut written, &mut mapped);
+                if !ops.is_empty() {
+                    return Some(ops);
+                }
+            }
+            None
+        };
+        let done = self.dev.submit_stream(&mut next);
+        self.stats.data_writes.fetch_add(written.len() as u64, Ordering::Relaxed);
+        let mut result = mapped;
+        let mut written = written.into_iter();
+        for d in done {
+            if let Err(e) = d.result {
+                result = Err(e.into());
+            }
+            // Buffers come back even on error; the pages get them back either way.
+            for buf in d.bufs {
+                written.next().expect("one page per buffer").end_writeback(buf);
+            }
+        }
+        result.map_err(|e| self.poison(e))?;
+        Ok(true)
+    }
+
+    /// Lend the buffers of `chunk`'s dirty pages to write-back, place them (allocating
+    /// blocks as contiguous runs) and build the write requests; `written` receives the
+    /// pages in the order of the requests' buffers. Pages that need no write get their
+    /// buffers back at once.
+    fn prepare_writeback(
+        &self,
+        chunk: Vec<Arc<Page>>,
+        written: &mut Vec<Arc<Page>>,
+        mapped: &mut Result<()>,
+    ) -> Vec<Op> {
+        let mut items: Vec<(Arc<Page>, AlignedBuf)> = Vec::with_capacity(chunk.len());
+        for p in chunk {
+            match p.begin_writeback() {
+                Some(buf) => items.push((p, buf)),
+                // Not writable now but still holding unwritten changes (it got patches
+                // again meanwhile): it stays dirty for the next write-back.
+                None => {
+                    let g = p.lock();
+                    let pending =
+                        matches!(g.state, crate::cache::PageState::Outdated | crate::cache::PageState::Fetching);
+                    if pending && !g.failed {
+                        drop(g);
+                        self.cache.mark_dirty(p.key);
+                    }
+                }
+            }
+        }
+        // A page dropped from the cache meanwhile (truncate, delete) has nothing to write.
+        let held = self.cache.holds_all(items.iter().map(|i| &i.0));
+        let mut unplaced = Vec::new();
+        let mut kept = Vec::with_capacity(items.len());
+        for (item, h) in items.into_iter().zip(held) {
+            if h {
+                kept.push(item);
+            } else {
+                unplaced.push(item);
+            }
+        }
+        let mut placed: Vec<(u64, Arc<Page>, AlignedBuf)> = Vec::with_capacity(kept.len());
+        {
+            let mut m = self.meta.lock();
+            let mut items = kept.into_iter().peekable();
+            while let Some(first) = items.next() {
+                let (ino, idx) = first.0.key;
+                let mut run = vec![first];
+                while items.peek().is_some_and(|(p, _)| p.key == (ino, idx + run.len() as u64)) {
+                    run.push(items.next().expect("peeked"));
+                }
+                let phys = match self.map_run(&mut m, ino, idx, run.len() as u64) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        *mapped = Err(e);
+                        unplaced.extend(run);
+                        unplaced.extend(items.by_ref());
+                        break;
+                    }
+                };
+                for ((p, buf), b) in run.into_iter().zip(phys) {
+                    match b {
+                        Some(b) => placed.push((b, p, buf)),
+                        // Truncated or deleted meanwhile: nothing to write.
+                        None => unplaced.push((p, buf)),
+                    }
+                }
+            }
+        }
+        unplaced.into_iter().for_each(|(p, buf)| p.end_writeback(buf));
+        placed.sort_by_key(|p| p.0);
+        let mut ops: Vec<Op> = Vec::new();
+        let mut last: Option<u64> = None;
+        for (b, page, buf) in placed {
+            match (ops.last_mut(), last) {
+                (Some(op), Some(l)) if l + 1 == b && op.bufs.len() < 256 => op.bufs.push(buf),
+                _ => ops.push(Op { kind: OpKind::Write, offset: b * BLOCK, bufs: vec![buf] }),
+            }
+            last = Some(b);
+            written.push(page);
+        }
+        ops
+    }
+
+    /// Device blocks for `n` consecutive pages of `ino` from `idx`, allocating the
+    /// unmapped ones; None for pages past the end of the file or of a freed inode.
+    fn map_run(&self, m: &mut Meta, ino: u64, idx: u64, n: u64) -> Result<Vec<Option<u64>>> {
+        let Ok(node) = m.inode(ino) else {
+            return Ok(vec![None; n as usize]);
+        };
+        let pages = node.d.size.div_ceil(BLOCK);
+        let mut out = Vec::with_capacity(n as usize);
+        let mut k = 0;
+        while k < n {
+            let lblk = idx + k;
+            let node = m.inode(ino)?;
+            if lblk >= pages {
+                out.push(None);
+                k += 1;
+                continue;
+            }
+            if let Some(b) = node.map(lblk) {
+                out.push(Some(b));
+                k += 1;
+                continue;
+            }
+            // Unmapped: allocate as much of the rest of the run as is unmapped.
+            let mut want = 1;
+            while k + want < n && idx + k + want < pages && node.map(idx + k + want).is_none() {
+                want += 1;
+            }
+            let goal = lblk.checked_sub(1).and_then(|p| node.map(p)).map(|b| b + 1);
+            let (first, got) = m.alloc_data(want, goal)?;
+            let node = m.inode(ino)?;
+            node.add_mapping(lblk, first, got);
+            let mut unreserved = 0;
+            for i in 0..got {
+                if node.reserved.remove(&(lblk + i)) {
+                    unreserved += 1;
+                }
+            }
+            m.reserved -= unreserved;
+            m.mark_inode_dirty(ino);
+            m.data_meta_dirty.insert(ino);
+            for i in 0..got {
+                out.push(Some(first + i));
+            }
+            k += got;
+        }
+        Ok(out)
+    }
+}
