@@ -5,6 +5,7 @@ use pwfs::{Config, MkfsOptions};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod control;
 mod mount;
 
 #[derive(Parser)]
@@ -62,8 +63,11 @@ enum Cmd {
     },
     /// Unmount a pwfs mount point (the serving process then flushes and exits).
     Umount { mountpoint: PathBuf },
-    /// Live counters of a mounted pwfs (non-blocking writes, cache, journal).
+    /// Live counters of a mounted pwfs (state, non-blocking writes, cache, journal).
     Stat { mountpoint: PathBuf },
+    /// Make everything written to a mount durable, and return when it is (sync(1) does
+    /// not reach a FUSE file system). Without MOUNTPOINT: every pwfs mount of this machine.
+    Sync { mountpoint: Option<PathBuf> },
     /// Run a named benchmark (Patchwork against the kernel, side by side).
     Bench {
         #[arg(value_enum)]
@@ -119,6 +123,8 @@ enum Workload {
     Fuse,
     /// Non-blocking writes: personalities × I/O sizes under every fetch policy vs ext4 (+ SVG).
     Nbw,
+    /// 1-8 threads: overwrites, shared cached reads, create+stat+unlink, small cached writes vs ext4.
+    Scale,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -228,7 +234,14 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             mount::run(&mount::MountArgs { image, mountpoint, size, cache, daemon, allow_other, fetch: fetch.into() })
         }
         Cmd::Stat { mountpoint } => {
-            print!("{}", mount::stat(&mountpoint)?);
+            print!("{}", control::stat(&mountpoint)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Sync { mountpoint } => {
+            match mountpoint {
+                Some(mp) => control::sync(&mp)?,
+                None => control::sync_all()?,
+            }
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Umount { mountpoint } => {
@@ -250,6 +263,7 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             let (name, r) = match workload {
                 Workload::Basic => ("basic", pwfs_bench::basic::run(&opts, &mut |s| eprintln!("bench basic: {s}..."))?),
                 Workload::Fuse => ("fuse", pwfs_bench::fuse::run(&opts, &mut |s| eprintln!("bench fuse: {s}..."))?),
+                Workload::Scale => ("scale", pwfs_bench::scale::run(&opts, &mut |s| eprintln!("bench scale: {s}..."))?),
                 Workload::Nbw => {
                     let (r, svg) = pwfs_bench::nbw::run(&opts, &mut |s| eprintln!("bench nbw: {s}..."))?;
                     let plot = dir.join("nbw.svg");

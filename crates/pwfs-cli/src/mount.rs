@@ -91,8 +91,22 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
         out += &format!("created {} ({} MiB)\n", image.display(), (sb.total_blocks * 4096) >> 20);
     }
     std::fs::create_dir_all(mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+    // Named before the mount, while the mount point resolves without us.
+    let (stats_path, sock_path) = (stats_file(mountpoint), socket_file(mountpoint));
     let config = Config { cache_bytes: cache, fetch: a.fetch, ..Default::default() };
     let fs = pwfs::mount_image(image, config).map_err(|e| format!("{}: {e}", image.display()))?;
+    // The control socket (`pwfs sync`, `pwfs stat`) answers before the mount appears, so
+    // whoever sees the mount can sync it. Without it the mount still serves.
+    let control = match crate::control::Server::start(sock_path.clone(), fs.clone()) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            out += &format!(
+                "pwfs: warning: no control socket, `pwfs sync` cannot reach this mount ({}: {e})\n",
+                sock_path.display()
+            );
+            None
+        }
+    };
     let mounted = pwfs_fuse::mount(fs.clone(), mountpoint, allow_other)
         .map_err(|e| format!("mount at {}: {e}", mountpoint.display()))?;
     out += &format!(
@@ -114,8 +128,7 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
         }
         None => print!("{out}"),
     }
-    // Live counters for `pwfs stat`, rewritten every second.
-    let stats_path = stats_file(mountpoint);
+    // Live counters for `pwfs stat` without the socket, rewritten every second.
     let (fs2, path2) = (fs.clone(), stats_path.clone());
     std::thread::spawn(move || loop {
         if let Some(dir) = path2.parent() {
@@ -151,6 +164,7 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
             Err(_) => break,
         }
     }
+    drop(control);
     let _ = std::fs::remove_file(&stats_path);
     served.map_err(|e| format!("serving {}: {e}", mountpoint.display()))?;
     fs.unmount().map_err(|e| format!("flushing {} at unmount: {e}", image.display()))?;
@@ -175,19 +189,58 @@ pub fn umount(mountpoint: &Path) -> Result<(), String> {
     Err(format!("cannot unmount {}: {e}", mountpoint.display()))
 }
 
-/// Where the serving process of `mountpoint` keeps its live counters.
-fn stats_file(mountpoint: &Path) -> PathBuf {
-    let canon = mountpoint.canonicalize().unwrap_or_else(|_| mountpoint.to_path_buf());
+/// Where serving processes keep their live counters and control sockets.
+pub const RUN_DIR: &str = "/run/pwfs";
+
+/// `RUN_DIR/<mount point, '/' as '%'>.EXT`.
+fn runtime_file(mountpoint: &Path, ext: &str) -> PathBuf {
+    // A mount whose serving process was killed does not resolve (ENOTCONN); its parent does.
+    let canon = mountpoint.canonicalize().unwrap_or_else(|_| {
+        let parent = mountpoint.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        match (parent.canonicalize(), mountpoint.file_name()) {
+            (Ok(p), Some(name)) => p.join(name),
+            _ => mountpoint.to_path_buf(),
+        }
+    });
     let name: String = canon.to_string_lossy().chars().map(|c| if c == '/' { '%' } else { c }).collect();
-    PathBuf::from("/run/pwfs").join(format!("{name}.stats"))
+    Path::new(RUN_DIR).join(format!("{name}.{ext}"))
 }
 
-fn render_stats(fs: &pwfs::Fs) -> String {
+/// Where the serving process of `mountpoint` keeps its live counters.
+fn stats_file(mountpoint: &Path) -> PathBuf {
+    runtime_file(mountpoint, "stats")
+}
+
+/// The control socket of the serving process of `mountpoint` (see `control`).
+pub fn socket_file(mountpoint: &Path) -> PathBuf {
+    runtime_file(mountpoint, "sock")
+}
+
+/// The mount point a file in RUN_DIR is named after (for messages: a '%' in the mount
+/// point's own name comes back as '/').
+pub fn mountpoint_of(file: &Path) -> PathBuf {
+    let stem = file.file_stem().unwrap_or_default().to_string_lossy();
+    PathBuf::from(stem.replace('%', "/"))
+}
+
+pub fn render_stats(fs: &pwfs::Fs) -> String {
+    let state = match fs.poisoned() {
+        Some(why) => format!("read-only after an error: {}", why.replace('\n', " ")),
+        None if fs.config().read_only => "read-only".to_string(),
+        None => "read-write".to_string(),
+    };
+    let interval = match fs.config().writeback_interval {
+        Some(d) if d.subsec_nanos() == 0 => format!("{}s", d.as_secs()),
+        Some(d) => format!("{}ms", d.as_millis()),
+        None => "none (only fsync, pwfs sync and unmount commit)".to_string(),
+    };
     let n = fs.nbw_stats();
     let (hits, misses, evictions) = fs.cache_stats();
     let j = fs.journal_stats();
     format!(
-        "fetch policy          {:?}\n\
+        "state                 {state}\n\
+         commit interval       {interval}\n\
+         fetch policy          {:?}\n\
          patches created       {}\n\
          patches merged        {}\n\
          fetches avoided       {}\n\
@@ -214,8 +267,8 @@ fn render_stats(fs: &pwfs::Fs) -> String {
     )
 }
 
-/// `pwfs stat MOUNTPOINT`: the counters the serving process last wrote.
-pub fn stat(mountpoint: &Path) -> Result<String, String> {
+/// The counters the serving process of `mountpoint` last wrote.
+pub fn stat_file(mountpoint: &Path) -> Result<String, String> {
     let p = stats_file(mountpoint);
     std::fs::read_to_string(&p)
         .map_err(|e| format!("{}: no pwfs mounted there ({}: {e})", mountpoint.display(), p.display()))
