@@ -329,7 +329,7 @@ fn read_cell(s: &Setup, random: bool, size: usize) -> R<[f64; 5]> {
             let c = (round + j) % 5;
             let rate = if c < 4 {
                 // No fsck at mount: the image was checked when the run began.
-                let config = Config { check_on_mount: false, ..policy_config(cache, POLICIES[c].1) };
+                let config = Config { check_on_mount: pwfs::MountCheck::Never, ..policy_config(cache, POLICIES[c].1) };
                 let fs = pwfs::mount_image(image, config).map_err(err("mount"))?;
                 let f = OpenOptions::new().read(true).open(&fs, "/data").map_err(err("open"))?;
                 let cold = || fs.evict_cache().map_err(err("evict"));
@@ -396,7 +396,7 @@ fn read_interleaved(s: &Setup, random: bool, size: usize) -> R<[f64; 3]> {
         let mut mount_order = [0usize, 1, 2, 3];
         mount_order.shuffle(&mut rng);
         for c in mount_order {
-            let config = Config { check_on_mount: false, ..policy_config(cache, POLICIES[c].1) };
+            let config = Config { check_on_mount: pwfs::MountCheck::Never, ..policy_config(cache, POLICIES[c].1) };
             let opts = UringOptions { lock: Lock::None, ..pwfs::device_options(&config) };
             let dev = UringDevice::open(&s.image, &opts).map_err(err("open the image"))?;
             slots_of[c] = Some(Fs::mount(std::sync::Arc::new(dev), config).map_err(err("mount"))?);

@@ -47,6 +47,16 @@ pub enum Load {
 impl Load {
     pub const ALL: [Load; 4] = [Load::Overwrite, Load::SharedRead, Load::CreateStatUnlink, Load::SmallWrite];
 
+    /// The name `--only` takes.
+    pub fn part(self) -> &'static str {
+        match self {
+            Load::Overwrite => "overwrite",
+            Load::SharedRead => "read",
+            Load::CreateStatUnlink => "create",
+            Load::SmallWrite => "smallwrite",
+        }
+    }
+
     pub fn row(self) -> &'static str {
         match self {
             Load::Overwrite => "(a) 4K overwrite, private files",
@@ -242,6 +252,14 @@ pub fn column(side: &str, threads: usize) -> String {
 }
 
 pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
+    for part in &o.only {
+        if !Load::ALL.iter().any(|l| l.part() == part) {
+            let known: Vec<&str> = Load::ALL.iter().map(|l| l.part()).collect();
+            return Err(format!("unknown part {part:?} of bench scale (known: {})", known.join(", ")));
+        }
+    }
+    let loads: Vec<Load> =
+        Load::ALL.into_iter().filter(|l| o.only.is_empty() || o.only.iter().any(|p| p == l.part())).collect();
     std::fs::create_dir_all(&o.dir).map_err(err("bench dir"))?;
     let device = DeviceProbe::measure(&o.dir);
     let (dur, rounds) = match o.ops {
@@ -260,7 +278,7 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
     progress("preparing files");
     prepare(&fs, &kdir)?;
     let mut cells: Vec<(Load, usize, usize)> = Vec::new(); // (load, side 0 pwfs / 1 ext4, threads)
-    for load in Load::ALL {
+    for &load in &loads {
         for side in 0..2 {
             for t in THREADS {
                 cells.push((load, side, t));
@@ -271,7 +289,7 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
     for round in 0..rounds {
         progress(&format!("round {} of {rounds}", round + 1));
         // Rotate the order inside each workload, so that no column always runs first.
-        for (li, load) in Load::ALL.into_iter().enumerate() {
+        for (li, load) in Load::ALL.into_iter().enumerate().filter(|(_, l)| loads.contains(l)) {
             let mut mine: Vec<&(Load, usize, usize)> = cells.iter().filter(|c| c.0 == load).collect();
             let k = mine.len();
             mine.rotate_left((round * 3 + li) % k);
@@ -303,7 +321,7 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
         device: Some(device),
         ..Default::default()
     };
-    for (li, load) in Load::ALL.into_iter().enumerate() {
+    for (li, load) in Load::ALL.into_iter().enumerate().filter(|(_, l)| loads.contains(l)) {
         let mut values: Vec<(String, f64)> = Vec::new();
         for (side, name) in ["pwfs", "ext4"].iter().enumerate() {
             for t in THREADS {
@@ -314,13 +332,24 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
         r.row(load.row(), "ops/s", false, &values);
     }
     let (p1, p2, p8) = (column("pwfs", 1), column("pwfs", 2), column("pwfs", 8));
-    r.target("2 threads vs 1", Load::Overwrite.row(), &p2, &p1, None, Some(1.6));
-    r.target("2 threads vs 1", Load::SharedRead.row(), &p2, &p1, None, Some(1.6));
-    r.target("2 threads vs 1", Load::CreateStatUnlink.row(), &p2, &p1, None, Some(1.3));
-    for load in Load::ALL {
+    for (load, at_least) in [(Load::Overwrite, 1.6), (Load::SharedRead, 1.6), (Load::CreateStatUnlink, 1.3)] {
+        if loads.contains(&load) {
+            r.target("2 threads vs 1", load.row(), &p2, &p1, None, Some(at_least));
+        }
+    }
+    for &load in &loads {
         r.target("8 threads not slower than 2", load.row(), &p8, &p2, None, Some(0.95));
     }
-    r.target("one thread vs ext4 buffered pwrite", Load::SmallWrite.row(), &p1, &column("ext4", 1), None, Some(3.0));
+    if loads.contains(&Load::SmallWrite) {
+        r.target(
+            "one thread vs ext4 buffered pwrite",
+            Load::SmallWrite.row(),
+            &p1,
+            &column("ext4", 1),
+            None,
+            Some(3.0),
+        );
+    }
     r.notes.push(format!(
         "pwfs journal over the run: {} commits, {} blocks logged, {} checkpoints",
         js.commits, js.blocks_logged, js.checkpoints

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 mod control;
 mod mount;
+mod progress;
 
 #[derive(Parser)]
 #[command(name = "pwfs", version, about = "Patchwork: a user-space file system and I/O stack")]
@@ -60,6 +61,10 @@ enum Cmd {
         /// fetch later.
         #[arg(long, value_enum, default_value = "async-fg")]
         fetch: Fetch,
+        /// Run the full consistency check before mounting, even if the image was
+        /// unmounted cleanly (it always runs when it was not).
+        #[arg(long)]
+        check: bool,
     },
     /// Unmount a pwfs mount point (the serving process then flushes and exits).
     Umount { mountpoint: PathBuf },
@@ -163,7 +168,10 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
                     _ => return Err(format!("{}: no such image; give --size to create one", image.display())),
                 },
             };
-            let sb = pwfs::mkfs_image(&image, size, &opts).map_err(|e| e.to_string())?;
+            let bar = progress::Bar::new("mkfs");
+            let sb = pwfs::mkfs_image_with_progress(&image, size, &opts, &mut |d, t| bar.update(d, t))
+                .map_err(|e| e.to_string())?;
+            bar.finish();
             println!(
                 "formatted {}: {} blocks of 4 KiB ({} MiB), {} inodes, journal {} blocks, uuid {}",
                 image.display(),
@@ -179,12 +187,18 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             let dev =
                 pwfs::open_device(&image, &Config { cache_bytes: 1 << 20, read_only: true, ..Default::default() })
                     .map_err(|e| e.to_string())?;
-            let r = pwfs::fsck::check(&*dev).map_err(|e| format!("{}: {e}", image.display()))?;
+            let bar = progress::Bar::new("fsck");
+            let r = pwfs::fsck::check_with_progress(&*dev, &mut |d, t| bar.update(d, t))
+                .map_err(|e| format!("{}: {e}", image.display()))?;
+            bar.finish();
             for n in &r.notes {
                 println!("note: {n}");
             }
             for e in &r.errors {
                 println!("error: {e}");
+            }
+            if !r.marked_clean {
+                println!("note: not marked as unmounted cleanly (the next mount checks it first)");
             }
             println!(
                 "{}: {} inodes ({} files, {} directories), {} data blocks in use: {}",
@@ -198,8 +212,12 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             Ok(if r.is_clean() { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
         Cmd::Info { image } => {
-            let config =
-                Config { read_only: true, check_on_mount: false, writeback_interval: None, ..Default::default() };
+            let config = Config {
+                read_only: true,
+                check_on_mount: pwfs::MountCheck::Never,
+                writeback_interval: None,
+                ..Default::default()
+            };
             let fs = pwfs::mount_image(&image, config).map_err(|e| e.to_string())?;
             let sb = fs.superblock().clone();
             let st = fs.statfs();
@@ -230,8 +248,17 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Mount { image, mountpoint, size, cache, daemon, allow_other, fetch } => {
-            mount::run(&mount::MountArgs { image, mountpoint, size, cache, daemon, allow_other, fetch: fetch.into() })
+        Cmd::Mount { image, mountpoint, size, cache, daemon, allow_other, fetch, check } => {
+            mount::run(&mount::MountArgs {
+                image,
+                mountpoint,
+                size,
+                cache,
+                daemon,
+                allow_other,
+                fetch: fetch.into(),
+                check,
+            })
         }
         Cmd::Stat { mountpoint } => {
             print!("{}", control::stat(&mountpoint)?);
@@ -256,22 +283,31 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             } else {
                 pwfs_bench::Opts::full(dir.clone())
             };
-            if !only.is_empty() && !matches!(workload, Workload::Nbw) {
-                return Err("--only applies to `pwfs bench nbw`".into());
+            if !only.is_empty() && !matches!(workload, Workload::Nbw | Workload::Scale) {
+                return Err("--only applies to `pwfs bench nbw` and `pwfs bench scale`".into());
             }
             opts.only = only;
-            let (name, r) = match workload {
-                Workload::Basic => ("basic", pwfs_bench::basic::run(&opts, &mut |s| eprintln!("bench basic: {s}..."))?),
-                Workload::Fuse => ("fuse", pwfs_bench::fuse::run(&opts, &mut |s| eprintln!("bench fuse: {s}..."))?),
-                Workload::Scale => ("scale", pwfs_bench::scale::run(&opts, &mut |s| eprintln!("bench scale: {s}..."))?),
-                Workload::Nbw => {
-                    let (r, svg) = pwfs_bench::nbw::run(&opts, &mut |s| eprintln!("bench nbw: {s}..."))?;
-                    let plot = dir.join("nbw.svg");
-                    std::fs::write(&plot, svg).map_err(|e| format!("{}: {e}", plot.display()))?;
-                    println!("plot: {}", plot.display());
-                    ("nbw", r)
-                }
+            let name = match workload {
+                Workload::Basic => "basic",
+                Workload::Fuse => "fuse",
+                Workload::Scale => "scale",
+                Workload::Nbw => "nbw",
             };
+            let mut steps = progress::Steps::new(&format!("bench {name}"));
+            let mut step = |s: &str| steps.step(s);
+            let r = match workload {
+                Workload::Basic => pwfs_bench::basic::run(&opts, &mut step).map(|r| (r, None)),
+                Workload::Fuse => pwfs_bench::fuse::run(&opts, &mut step).map(|r| (r, None)),
+                Workload::Scale => pwfs_bench::scale::run(&opts, &mut step).map(|r| (r, None)),
+                Workload::Nbw => pwfs_bench::nbw::run(&opts, &mut step).map(|(r, svg)| (r, Some(svg))),
+            };
+            steps.finish();
+            let (r, svg) = r?;
+            if let Some(svg) = svg {
+                let plot = dir.join("nbw.svg");
+                std::fs::write(&plot, svg).map_err(|e| format!("{}: {e}", plot.display()))?;
+                println!("plot: {}", plot.display());
+            }
             print!("{}", r.table());
             let json = json.unwrap_or_else(|| dir.join(format!("{name}.json")));
             std::fs::write(&json, serde_json_pretty(&r)).map_err(|e| format!("{}: {e}", json.display()))?;

@@ -69,6 +69,8 @@ pub struct MountArgs {
     pub daemon: bool,
     pub allow_other: bool,
     pub fetch: pwfs::FetchPolicy,
+    /// Run the full check even on an image unmounted cleanly.
+    pub check: bool,
 }
 
 pub fn run(a: &MountArgs) -> Result<ExitCode, String> {
@@ -93,7 +95,8 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
     std::fs::create_dir_all(mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
     // Named before the mount, while the mount point resolves without us.
     let (stats_path, sock_path) = (stats_file(mountpoint), socket_file(mountpoint));
-    let config = Config { cache_bytes: cache, fetch: a.fetch, ..Default::default() };
+    let check_on_mount = if a.check { pwfs::MountCheck::Always } else { pwfs::MountCheck::IfNotClean };
+    let config = Config { cache_bytes: cache, fetch: a.fetch, check_on_mount, ..Default::default() };
     let fs = pwfs::mount_image(image, config).map_err(|e| format!("{}: {e}", image.display()))?;
     // The control socket (`pwfs sync`, `pwfs stat`) answers before the mount appears, so
     // whoever sees the mount can sync it. Without it the mount still serves.

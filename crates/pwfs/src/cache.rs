@@ -339,7 +339,9 @@ impl PageCache {
             let mut m = self.shard((ino, idx)).map.lock();
             let added = (idx..end).filter(|i| m.dirty.insert((ino, *i))).count();
             drop(m);
-            self.dirty.fetch_add(added, Ordering::Relaxed);
+            if added > 0 {
+                self.dirty.fetch_add(added, Ordering::Relaxed);
+            }
             idx = end;
         }
     }
@@ -359,11 +361,27 @@ impl PageCache {
         out
     }
 
-    /// Forget every page of `ino` at or past page `from` (truncate, delete).
-    /// Returns the pages dropped (the caller settles their patch accounting).
-    pub fn drop_from(&self, ino: u64, from: u64) -> Vec<Arc<Page>> {
+    /// Forget every page of `ino` at or past page `from` and before `end` (the caller
+    /// knows that no page at or past `end` was ever inserted: truncate, delete).
+    /// Returns the pages dropped (the caller settles their patch accounting). Only the
+    /// shards that can hold those pages are visited: a small file's are one.
+    pub fn drop_from(&self, ino: u64, from: u64, end: u64) -> Vec<Arc<Page>> {
         let mut dropped = Vec::new();
-        for shard in self.shards.iter() {
+        if from >= end {
+            return dropped;
+        }
+        let groups = (end - 1) / (1 << GROUP_SHIFT) - from / (1 << GROUP_SHIFT) + 1;
+        let visit: Vec<usize> = if groups >= self.shards.len() as u64 {
+            (0..self.shards.len()).collect()
+        } else {
+            let mut v: Vec<usize> = (from >> GROUP_SHIFT..=(end - 1) >> GROUP_SHIFT)
+                .map(|g| self.shard_of((ino, g << GROUP_SHIFT)))
+                .collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        for shard in visit.into_iter().map(|i| &self.shards[i]) {
             let mut m = shard.map.lock();
             let keys: Vec<Key> = m.pages.range((ino, from)..=(ino, u64::MAX)).map(|(k, _)| *k).collect();
             for k in keys {
@@ -537,7 +555,8 @@ mod tests {
         cache.mark_dirty_range(2, 250, 400);
         cache.mark_dirty((3, 7));
         assert_eq!(cache.dirty_count(), 390 + 1);
-        let dropped = cache.drop_from(2, 200);
+        assert!(cache.drop_from(2, 500, 500).is_empty());
+        let dropped = cache.drop_from(2, 200, 500);
         assert_eq!(dropped.len(), 300);
         assert_eq!(cache.len(), 1200);
         assert_eq!(cache.dirty_count(), 190 + 1);

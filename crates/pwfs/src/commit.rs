@@ -2,7 +2,8 @@
 //! (write back data first: ordered mode), logging it, freeing unlinked inodes as it goes.
 
 use crate::error::{Error, Result};
-use crate::fs::meta::{self, Meta, TxSize};
+use crate::fs::meta::{Meta, TxSize};
+use crate::fs::tx::Credit;
 use crate::fs::FsInner;
 use std::sync::atomic::Ordering;
 
@@ -36,16 +37,27 @@ impl FsInner {
             Ok(m.open.get(&ino).copied().unwrap_or(0) == 0 && m.inode(ino)?.d.nlink == 0)
         };
         let inos: Vec<u64> = self.meta.lock().to_free.iter().copied().collect();
+        let mut busy = Vec::new();
         for ino in inos {
-            {
+            let cell = {
                 let mut m = self.meta.lock();
                 m.to_free.remove(&ino);
                 if !unlinked(&mut m, ino)? {
                     continue;
                 }
-            }
+                m.cell(ino)?
+            };
+            // No reader is inside the file (readahead queued before the last handle
+            // went may still come): else its pages could enter the cache after they
+            // are dropped, and outlive the inode into the next one of that number.
+            // The lock is taken after the commit lock, against the lock order, so
+            // only if it is free at once; a busy inode waits for the next commit.
+            let Some(_io) = cell.io.try_write() else {
+                busy.push(ino);
+                continue;
+            };
             // Without the metadata lock: a page being fetched is waited for.
-            let dropped = self.cache.drop_from(ino, 0);
+            let dropped = self.cache.drop_from(ino, 0, cell.pages_end());
             self.forget_pages(dropped);
             let mut m = self.meta.lock();
             if !unlinked(&mut m, ino)? {
@@ -58,8 +70,9 @@ impl FsInner {
                 let empty = m.tx_is_empty();
                 let trimmed = empty && m.trim_inode(ino, self.tx_cap)?;
                 m.to_free.insert(ino);
+                m.to_free.extend(busy);
                 if empty && !trimmed {
-                    if m.credits != meta::TxSize::default() {
+                    if m.tx.credits() != TxSize::default() {
                         // Room promised to operations in progress: a later commit.
                         return Ok(false);
                     }
@@ -69,6 +82,7 @@ impl FsInner {
             }
             m.free_inode(ino)?;
         }
+        self.meta.lock().to_free.extend(busy);
         Ok(false)
     }
 
@@ -119,6 +133,8 @@ impl FsInner {
             self.meta.lock().alloc.release(frees);
             return Ok(());
         }
+        // The first change to reach the medium: the image is no longer clean.
+        self.clean.before_change(&*self.dev, &self.sb).map_err(|e| self.poison(e))?;
         let mut j = self.journal.lock();
         let before = j.stats.checkpoints;
         j.commit(&*self.dev, tx).map_err(|e| self.poison(e))?;
@@ -139,9 +155,9 @@ impl FsInner {
     /// writes while the caller goes on filling the cache.
     pub fn maybe_commit(&self) -> Result<()> {
         // A quarter of the journal: commits stay short, and the log holds several
-        // before a checkpoint. (Only the metadata lock is taken here: a commit in
-        // flight holds the journal lock across its I/O.)
-        let big = self.meta.lock().tx_size().log_blocks() >= (self.tx_cap / 4).max(4);
+        // before a checkpoint. (No lock is taken here: a commit in flight holds the
+        // journal lock across its I/O.)
+        let big = self.tx.estimate() >= (self.tx_cap / 4).max(4);
         if big {
             return self.commit();
         }
@@ -181,26 +197,25 @@ impl FsInner {
     /// may; `Ok(false)` the running transaction must commit first (the journal has no
     /// room for it, or committing frees space it needs); an error if it cannot be
     /// done at all. `committed`: a commit for it has already run.
-    fn admit(&self, m: &Meta, need: &Need, committed: bool) -> Result<bool> {
-        if need.tx.log_blocks() > self.tx_cap {
+    fn admit(&self, m: &Meta, need: &Need, committed: bool) -> Result<Option<Credit>> {
+        if need.tx.log_blocks() > self.tx_room() {
             return Err(Error::no_space(format!(
-                "operation needs {} journal blocks, the journal holds {}",
+                "operation needs {} journal blocks, the journal takes {}",
                 need.tx.log_blocks(),
-                self.tx_cap
+                self.tx_room()
             )));
-        }
-        if m.tx_size().plus(need.tx).log_blocks() > self.tx_cap {
-            return Ok(false);
         }
         let short = m.available() < need.blocks + Self::meta_reserve(m) || (need.inode && m.ifree == 0);
         if short {
             if !committed && (m.alloc.pending_blocks() > 0 || !m.to_free.is_empty()) {
-                return Ok(false);
+                return Ok(None);
             }
             let what = if need.inode && m.ifree == 0 { "no free inodes" } else { "no free blocks" };
             return Err(Error::no_space(what));
         }
-        Ok(true)
+        // The room is promised at once: the data path registers inodes without the
+        // metadata lock, and must not take it before this operation makes its changes.
+        Ok(Credit::try_new(&self.tx, need.tx, self.tx_room()))
     }
 
     /// The metadata lock, held from an operation's checks through its change: `check`
@@ -210,13 +225,13 @@ impl FsInner {
     pub(crate) fn admitted<T>(
         &self,
         mut check: impl FnMut(&mut Meta) -> Result<(Need, T)>,
-    ) -> Result<(parking_lot::MutexGuard<'_, Meta>, T)> {
+    ) -> Result<(Admitted<'_>, T)> {
         let mut committed = false;
         loop {
             let mut m = self.meta.lock();
             let (need, v) = check(&mut m)?;
-            if self.admit(&m, &need, committed)? {
-                return Ok((m, v));
+            if let Some(credit) = self.admit(&m, &need, committed)? {
+                return Ok((Admitted { m, credit }, v));
             }
             drop(m);
             self.commit()?;
@@ -224,8 +239,44 @@ impl FsInner {
         }
     }
 
+    /// The log blocks operations are admitted into. A little of the journal is kept
+    /// back: an inode that a write is in the middle of changing when a commit stores
+    /// it stays registered in the next transaction without being admitted again (at
+    /// most one table block for each writer in flight).
+    pub(crate) fn tx_room(&self) -> u64 {
+        self.tx_cap - (self.tx_cap / 8).min(64)
+    }
+
     /// Blocks kept back for metadata that commits allocate (extent chains).
     pub(crate) fn meta_reserve(m: &Meta) -> u64 {
         (m.sb.data_blocks() / 100).clamp(8, 1024)
+    }
+}
+
+/// The metadata lock of an admitted operation, with the room promised to it in the
+/// running transaction (released when this is dropped, after the changes are made).
+pub(crate) struct Admitted<'a> {
+    m: parking_lot::MutexGuard<'a, Meta>,
+    credit: Credit,
+}
+
+impl Admitted<'_> {
+    /// Unlock the metadata but keep the promised room, for an operation that makes its
+    /// changes after I/O without the lock (truncate).
+    pub fn keep_credit(self) -> Credit {
+        self.credit
+    }
+}
+
+impl std::ops::Deref for Admitted<'_> {
+    type Target = Meta;
+    fn deref(&self) -> &Meta {
+        &self.m
+    }
+}
+
+impl std::ops::DerefMut for Admitted<'_> {
+    fn deref_mut(&mut self) -> &mut Meta {
+        &mut self.m
     }
 }

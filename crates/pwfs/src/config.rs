@@ -50,6 +50,22 @@ pub enum Stack {
     Async,
 }
 
+/// When a mount runs the full consistency check (fsck) before it writes anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MountCheck {
+    /// When the image was not unmounted cleanly (its superblock does not say clean):
+    /// after a crash, a failed unmount, or on an image from before the clean flag.
+    /// A clean image mounts without reading more than its bitmaps; its metadata
+    /// checksums are still verified as blocks are read.
+    #[default]
+    IfNotClean,
+    /// On every mount (`pwfs mount --check`).
+    Always,
+    /// Never (tests, `pwfs info`, an image the caller has just checked). An image not
+    /// unmounted cleanly still has its orphans freed.
+    Never,
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Bytes of file data the page cache holds.
@@ -65,9 +81,9 @@ pub struct Config {
     pub hitchhike: bool,
     /// Open read-only: no write reaches the device (not even journal recovery).
     pub read_only: bool,
-    /// Run the full consistency check (fsck) before mounting, and refuse an image
-    /// that fails it. Reads all metadata once; turn off for very large images.
-    pub check_on_mount: bool,
+    /// When to run the full consistency check (fsck) before mounting, refusing an
+    /// image that fails it. It reads all metadata in use once.
+    pub check_on_mount: MountCheck,
     /// Pages read ahead, in the background, of a sequential reader (0: none).
     pub readahead_pages: u64,
     /// Memory for non-blocking write patches; past it writes take the blocking path.
@@ -86,7 +102,7 @@ impl Default for Config {
             stack: Stack::Sync,
             hitchhike: false,
             read_only: false,
-            check_on_mount: true,
+            check_on_mount: MountCheck::IfNotClean,
             readahead_pages: 256,
             patch_bytes: 64 << 20,
         }

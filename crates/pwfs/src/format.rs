@@ -137,9 +137,28 @@ pub struct Superblock {
     /// One past the last data block (the backup superblock follows).
     pub data_end: u64,
     pub created_ns: u64,
+    /// Unmounted cleanly: the journal is empty, no inode is an orphan, and the last
+    /// mount turned read-only after no error. A mount that trusts it skips the full
+    /// check and the orphan scan. Kept in the state word, outside the checksum.
+    pub clean: bool,
 }
 
 const SB_CRC_AT: usize = BLOCK_SIZE - 4;
+/// The superblock's state word: [`SB_CLEAN`] when the image was unmounted cleanly,
+/// anything else (zero in images made before the word existed) when it was not. It is
+/// left out of the checksum, so that rewriting it changes nothing else in the block:
+/// a torn write leaves either state, never a bad superblock.
+pub const SB_STATE_AT: usize = 32 + 13 * 8;
+/// The state word of a cleanly unmounted image ("PWCLEAN!").
+pub const SB_CLEAN: u64 = u64::from_le_bytes(*b"PWCLEAN!");
+
+/// crc32c of a superblock, with its state word and checksum taken as zero.
+fn sb_crc(b: &[u8]) -> u32 {
+    let c = crc32c::crc32c_append(0, &b[..SB_STATE_AT]);
+    let c = crc32c::crc32c_append(c, &[0; 8]);
+    let c = crc32c::crc32c_append(c, &b[SB_STATE_AT + 8..SB_CRC_AT]);
+    crc32c::crc32c_append(c, &[0; 4])
+}
 
 impl Superblock {
     /// Lay out an image of `total_blocks` blocks with `inode_count` inodes.
@@ -175,6 +194,7 @@ impl Superblock {
             data_start,
             data_end: total_blocks.saturating_sub(1),
             created_ns,
+            clean: false,
         };
         sb.check()?;
         Ok(sb)
@@ -239,7 +259,8 @@ impl Superblock {
         for (i, v) in fields.iter().enumerate() {
             put64(b, 32 + i * 8, *v);
         }
-        put32(b, SB_CRC_AT, crc_skip(b, SB_CRC_AT, 0));
+        put64(b, SB_STATE_AT, if self.clean { SB_CLEAN } else { 0 });
+        put32(b, SB_CRC_AT, sb_crc(b));
     }
 
     pub fn decode(b: &[u8]) -> R<Superblock> {
@@ -247,7 +268,7 @@ impl Superblock {
         if u64_at(b, 0) != SB_MAGIC {
             return Err(FormatError::Magic { what: "superblock" });
         }
-        if u32_at(b, SB_CRC_AT) != crc_skip(b, SB_CRC_AT, 0) {
+        if u32_at(b, SB_CRC_AT) != sb_crc(b) {
             return Err(FormatError::Checksum { what: "superblock" });
         }
         let version = u32_at(b, 8);
@@ -274,6 +295,8 @@ impl Superblock {
             data_start: f(10),
             data_end: f(11),
             created_ns: f(12),
+            // Any other value (a damaged word) only means "not known clean".
+            clean: u64_at(b, SB_STATE_AT) == SB_CLEAN,
         };
         sb.check()?;
         Ok(sb)
@@ -777,6 +800,25 @@ mod tests {
     }
 
     #[test]
+    fn clean_flag_is_one_word_outside_the_checksum() {
+        let s = sb();
+        assert!(!s.clean, "a laid-out image is not clean until mkfs says so");
+        let (mut dirty, mut clean) = (vec![0; BLOCK_SIZE], vec![0; BLOCK_SIZE]);
+        s.encode(&mut dirty);
+        Superblock { clean: true, ..s.clone() }.encode(&mut clean);
+        assert!(Superblock::decode(&clean).unwrap().clean);
+        assert!(!Superblock::decode(&dirty).unwrap().clean);
+        // Only the state word differs: a write torn anywhere leaves one state or the other.
+        let differ: Vec<usize> = (0..BLOCK_SIZE).filter(|i| dirty[*i] != clean[*i]).collect();
+        assert!(differ.iter().all(|i| (SB_STATE_AT..SB_STATE_AT + 8).contains(i)), "{differ:?}");
+        // Images from before the flag (zeros there, checksummed whole) read as valid
+        // and not clean.
+        dirty[SB_STATE_AT..SB_STATE_AT + 8].fill(0);
+        assert_eq!(u32_at(&dirty, SB_CRC_AT), crc_skip(&dirty, SB_CRC_AT, 0));
+        assert_eq!(Superblock::decode(&dirty).unwrap(), s);
+    }
+
+    #[test]
     fn inode_round_trip() {
         let mut d = DiskInode {
             mode: S_IFREG | 0o644,
@@ -877,7 +919,12 @@ mod tests {
             let mut b = vec![0; BLOCK_SIZE];
             sb().encode(&mut b);
             b[at] ^= x;
-            prop_assert!(Superblock::decode(&b).is_err());
+            if (SB_STATE_AT..SB_STATE_AT + 8).contains(&at) {
+                // The state word is outside the checksum: damage only makes it "not clean".
+                prop_assert!(!Superblock::decode(&b).unwrap().clean);
+            } else {
+                prop_assert!(Superblock::decode(&b).is_err());
+            }
             let mut slots = vec![None; DIRENTS_PER_BLOCK];
             slots[0] = Some(Dirent { ino: 3, ftype: 1, name: b"abc".to_vec() });
             dir_block_encode(2, &slots, &mut b);

@@ -5,9 +5,16 @@
 //! backup; checksums of every metadata block; the block bitmap against the blocks that
 //! extents, extent chains and directories own (no block owned twice, none leaked);
 //! the inode bitmap against the inode table; link counts; directory structure and
-//! connectivity from the root; sizes against extents.
+//! connectivity from the root; sizes against extents; and that an image marked clean
+//! has nothing left to replay or free.
+//!
+//! Its cost follows what is in use, not the size of the image: bitmaps are scanned a
+//! word at a time, and only the inode-table blocks that hold an in-use inode are read
+//! (the inode bitmap is authoritative: a table block none of whose inodes is in use
+//! may hold anything, as `mkfs` does not zero the table). Blocks are read in runs,
+//! several requests at a time.
 
-use crate::device::Device;
+use crate::device::{Device, Op};
 use crate::error::Result;
 use crate::format::{self as f, DiskInode, ExtentBlock, Superblock, BLOCK, BLOCK_SIZE};
 use crate::journal;
@@ -23,6 +30,8 @@ pub struct Report {
     pub directories: u64,
     pub files: u64,
     pub blocks_used: u64,
+    /// The superblock says the image was unmounted cleanly (a mount trusts it).
+    pub marked_clean: bool,
     pub superblock: Option<Superblock>,
 }
 
@@ -31,6 +40,13 @@ impl Report {
         self.errors.is_empty()
     }
 }
+
+/// Blocks per read request, and requests in flight at once.
+const RUN_BLOCKS: u64 = 32;
+const RUNS_IN_FLIGHT: usize = 16;
+
+/// A block's bytes, or why it could not be read.
+type Read<'b> = std::result::Result<&'b [u8], String>;
 
 struct Reader<'a> {
     dev: &'a dyn Device,
@@ -46,6 +62,98 @@ impl Reader<'_> {
         r.map_err(|e| format!("block {b}: {e}"))?;
         Ok(buf.to_vec())
     }
+
+    /// Read `blocks` (ascending), adjacent ones in one request and several requests
+    /// at a time; `each` gets every block in order, with its bytes or why not.
+    fn read_many(&self, blocks: &[u64], each: &mut dyn FnMut(u64, Read<'_>)) {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for &b in blocks {
+            match runs.last_mut() {
+                Some((s, n)) if *s + *n == b && *n < RUN_BLOCKS => *n += 1,
+                _ => runs.push((b, 1)),
+            }
+        }
+        for batch in runs.chunks(RUNS_IN_FLIGHT) {
+            let ops = batch
+                .iter()
+                .map(|&(s, n)| Op {
+                    kind: crate::device::OpKind::Read,
+                    offset: s * BLOCK,
+                    bufs: (0..n).map(|_| self.dev.alloc(BLOCK_SIZE)).collect(),
+                })
+                .collect();
+            for (&(s, n), done) in batch.iter().zip(self.dev.submit(ops)) {
+                for i in 0..n {
+                    let b = s + i;
+                    match (self.overlay.get(&b), &done.result) {
+                        (Some(img), _) => each(b, Ok(img)),
+                        (None, Ok(())) => each(b, Ok(&done.bufs[i as usize][..])),
+                        // Which block of the run failed: read them one by one.
+                        (None, Err(_)) => match self.read(b) {
+                            Ok(img) => each(b, Ok(&img)),
+                            Err(e) => each(b, Err(e)),
+                        },
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A bitmap in memory, scanned a word at a time.
+struct Bits {
+    words: Vec<u64>,
+    len: u64,
+}
+
+impl Bits {
+    fn new(len: u64) -> Bits {
+        Bits { words: vec![0; len.div_ceil(64) as usize], len }
+    }
+
+    fn get(&self, i: u64) -> bool {
+        i < self.len && self.words[(i / 64) as usize] & (1 << (i % 64)) != 0
+    }
+
+    /// The words that hold bits `from..to` (clamped to the bitmap), each with the
+    /// mask of those bits in it.
+    fn spans(&self, from: u64, to: u64) -> impl Iterator<Item = (usize, u64)> {
+        let to = to.min(self.len);
+        let (first, last) = (from / 64, to.saturating_sub(1) / 64);
+        (first..=last).filter(move |_| from < to).map(move |w| {
+            let lo = if w == first { from % 64 } else { 0 };
+            let hi = if w == last { (to - 1) % 64 } else { 63 };
+            (w as usize, (!0u64 >> (63 - hi)) & (!0u64 << lo))
+        })
+    }
+
+    fn count(&self, from: u64, to: u64) -> u64 {
+        self.spans(from, to).map(|(w, m)| (self.words[w] & m).count_ones() as u64).sum()
+    }
+
+    fn any(&self, from: u64, to: u64) -> bool {
+        self.spans(from, to).any(|(w, m)| self.words[w] & m != 0)
+    }
+
+    fn set_range(&mut self, from: u64, to: u64) {
+        for (w, m) in self.spans(from, to).collect::<Vec<_>>() {
+            self.words[w] |= m;
+        }
+    }
+
+    /// Every bit in `from..to` for which `pick(word index, word)` has a one, in order.
+    fn ones<'a>(&'a self, from: u64, to: u64, pick: impl Fn(usize, u64) -> u64 + 'a) -> impl Iterator<Item = u64> + 'a {
+        self.spans(from, to).flat_map(move |(w, m)| {
+            let mut x = pick(w, self.words[w]) & m;
+            std::iter::from_fn(move || {
+                (x != 0).then(|| {
+                    let i = x.trailing_zeros() as u64;
+                    x &= x - 1;
+                    w as u64 * 64 + i
+                })
+            })
+        })
+    }
 }
 
 struct Node {
@@ -57,25 +165,35 @@ const MAX_ERRORS: usize = 200;
 
 /// The first `bits` bits of a bitmap stored in `blocks` blocks from `start`, with every
 /// checksum or read failure reported.
-fn read_bitmap(rd: &Reader<'_>, what: &str, start: u64, blocks: u64, bits: u64, r: &mut Report) -> Vec<bool> {
-    let mut out = vec![false; bits as usize];
-    for i in 0..blocks {
-        let b = match rd.read(start + i) {
+fn read_bitmap(rd: &Reader<'_>, what: &str, start: u64, blocks: u64, bits: u64, r: &mut Report) -> Bits {
+    let mut out = Bits::new(bits);
+    // A bitmap block holds a whole number of 32-bit words: copy them.
+    const WORDS32: u64 = f::BITS_PER_BITMAP_BLOCK / 32;
+    let list: Vec<u64> = (start..start + blocks).collect();
+    rd.read_many(&list, &mut |b, res| {
+        let i = b - start;
+        let b = match res {
             Ok(b) => b,
             Err(e) => {
                 push_error(r, format!("cannot read {what} bitmap: {e}"));
-                continue;
+                return;
             }
         };
-        if let Err(e) = f::bitmap_check(&b, i) {
+        if let Err(e) = f::bitmap_check(b, i) {
             push_error(r, format!("{what} bitmap block {i}: {e}"));
         }
-        for bit in 0..f::BITS_PER_BITMAP_BLOCK {
-            let n = i * f::BITS_PER_BITMAP_BLOCK + bit;
-            if n < bits {
-                out[n as usize] = b[(bit / 8) as usize] & (1 << (bit % 8)) != 0;
+        for k in 0..WORDS32 {
+            let n = (i * WORDS32 + k) * 32;
+            if n >= bits {
+                break;
             }
+            let v = u32::from_le_bytes(b[k as usize * 4..k as usize * 4 + 4].try_into().expect("4 bytes")) as u64;
+            out.words[(n / 64) as usize] |= v << (n % 64);
         }
+    });
+    // Bits past the end of the bitmap are not part of it.
+    if !bits.is_multiple_of(64) {
+        *out.words.last_mut().expect("bits > 0") &= !0u64 >> (64 - bits % 64);
     }
     out
 }
@@ -86,10 +204,60 @@ fn push_error(r: &mut Report, s: String) {
     }
 }
 
+/// Who owns which data blocks, as the inodes are read.
+struct Claims<'a> {
+    sb: &'a Superblock,
+    bbits: &'a Bits,
+    claimed: Bits,
+    /// Every claimed run (first block, count, inode), to name the first owner of a
+    /// block claimed twice.
+    runs: Vec<(u64, u64, u64)>,
+}
+
+impl Claims<'_> {
+    /// Inode `ino` owns blocks `start..start+len`.
+    fn claim(&mut self, r: &mut Report, ino: u64, start: u64, len: u64, what: &str) {
+        let end = start.saturating_add(len);
+        let (ds, de) = (self.sb.data_start, self.sb.data_end);
+        if start < ds || end > de {
+            let bad = if start < ds { start } else { start.max(de) };
+            push_error(r, format!("inode {ino}: {what} block {bad} outside the data area"));
+        }
+        let (start, end) = (start.max(ds), end.min(de));
+        if start >= end {
+            return;
+        }
+        if self.claimed.any(start, end) {
+            for blk in self.claimed.ones(start, end, |_, w| w).collect::<Vec<_>>() {
+                if r.errors.len() >= MAX_ERRORS {
+                    break;
+                }
+                let o = self.runs.iter().find(|(s, n, _)| (*s..s + n).contains(&blk)).map_or(0, |x| x.2);
+                push_error(r, format!("block {blk} owned twice (inodes {o} and {ino})"));
+            }
+        }
+        if self.bbits.count(start, end) != end - start {
+            for blk in self.bbits.ones(start, end, |_, w| !w).take(MAX_ERRORS) {
+                push_error(r, format!("block {blk} of inode {ino} is marked free"));
+            }
+        }
+        self.claimed.set_range(start, end);
+        self.runs.push((start, end - start, ino));
+    }
+}
+
 /// Check the image on `dev`. Errors only if the image cannot be identified at all.
 pub fn check(dev: &dyn Device) -> Result<Report> {
+    check_with_progress(dev, &mut |_, _| {})
+}
+
+/// [`check`], calling `progress(done, total)` in metadata blocks read. `total` grows
+/// as the check finds what there is to read (the directories' blocks are known only
+/// once the inodes are read).
+pub fn check_with_progress(dev: &dyn Device, progress: &mut dyn FnMut(u64, u64)) -> Result<Report> {
     let mut r = Report::default();
     let (sb, used_backup) = crate::fs::read_superblock(dev)?;
+    r.marked_clean = sb.clean;
     let err = push_error;
     if used_backup {
         err(&mut r, "primary superblock is damaged (the backup is intact)".into());
@@ -97,7 +265,8 @@ pub fn check(dev: &dyn Device) -> Result<Report> {
         let total = dev.len() / BLOCK;
         let (b, res) = dev.read((total - 1) * BLOCK, dev.alloc(BLOCK_SIZE));
         match res.map_err(|e| e.to_string()).and_then(|_| Superblock::decode(&b).map_err(|e| e.to_string())) {
-            Ok(backup) if backup == sb => {}
+            // Only the primary's state word is kept up to date.
+            Ok(backup) if Superblock { clean: sb.clean, ..backup } == sb => {}
             Ok(_) => err(&mut r, "backup superblock differs from the primary".into()),
             Err(e) => err(&mut r, format!("backup superblock: {e}")),
         }
@@ -111,193 +280,148 @@ pub fn check(dev: &dyn Device) -> Result<Report> {
         }
     };
     if !scan.transactions.is_empty() {
+        if sb.clean {
+            err(&mut r, format!("marked clean, but the journal holds {} transaction(s)", scan.transactions.len()));
+        }
         r.notes.push(format!(
             "journal holds {} committed transaction(s) not yet replayed (the next mount replays them); checked the image as they leave it",
             scan.transactions.len()
         ));
     }
     let rd = Reader { dev, overlay: journal::plan(&scan) };
+    let mut total_work = sb.block_bitmap_blocks + sb.inode_bitmap_blocks;
+    let mut done = 0;
+    progress(done, total_work);
 
     // Bitmaps.
     let bbits = read_bitmap(&rd, "block", sb.block_bitmap_start, sb.block_bitmap_blocks, sb.total_blocks, &mut r);
-    for blk in (0..sb.data_start).chain(sb.data_end..sb.total_blocks) {
-        if !bbits[blk as usize] {
+    let fixed = [(0, sb.data_start), (sb.data_end, sb.total_blocks)];
+    for (from, to) in fixed {
+        for blk in bbits.ones(from, to, |_, w| !w).take(MAX_ERRORS) {
             err(&mut r, format!("block {blk} holds fixed metadata but is marked free"));
         }
     }
     let ibits = read_bitmap(&rd, "inode", sb.inode_bitmap_start, sb.inode_bitmap_blocks, sb.inode_count, &mut r);
+    done += sb.block_bitmap_blocks + sb.inode_bitmap_blocks;
+
+    // The table blocks with an inode in use (inode n is bit n - 1).
+    let per = f::INODES_PER_BLOCK;
+    let mut table: Vec<u64> = Vec::new();
+    for (w, word) in ibits.words.iter().enumerate() {
+        for q in 0..64 / per {
+            if word >> (q * per) & ((1 << per) - 1) != 0 {
+                table.push((w as u64 * 64 + q * per) / per);
+            }
+        }
+    }
+    total_work += table.len() as u64;
+    progress(done, total_work);
 
     // Inodes, their extents, and who owns each block.
-    let mut owner: HashMap<u64, u64> = HashMap::new();
+    let mut claims = Claims { sb: &sb, bbits: &bbits, claimed: Bits::new(sb.total_blocks), runs: Vec::new() };
     let mut nodes: BTreeMap<u64, Node> = BTreeMap::new();
-    for t in 0..sb.inode_table_blocks {
-        let b = match rd.read(sb.inode_table_start + t) {
+    let blocks: Vec<u64> = table.iter().map(|t| sb.inode_table_start + t).collect();
+    rd.read_many(&blocks, &mut |blk, res| {
+        done += 1;
+        if done % 256 == 0 {
+            progress(done, total_work);
+        }
+        let b = match res {
             Ok(b) => b,
             Err(e) => {
                 err(&mut r, format!("cannot read inode table: {e}"));
-                continue;
+                return;
             }
         };
-        for k in 0..f::INODES_PER_BLOCK {
-            let ino = t * f::INODES_PER_BLOCK + k + 1;
+        let t = blk - sb.inode_table_start;
+        for k in 0..per {
+            let ino = t * per + k + 1;
             let slot = &b[(k as usize) * f::INODE_SIZE..(k as usize + 1) * f::INODE_SIZE];
-            let used = ibits[(ino - 1) as usize];
+            let used = ibits.get(ino - 1);
             match DiskInode::decode(ino, slot) {
                 Ok(None) if used => err(&mut r, format!("inode {ino} is marked in use but its slot is empty")),
                 Ok(None) => {}
+                // A table block with an inode in use has been written whole since
+                // (the first inode to land in it zeroes it): its free slots are zero.
                 Ok(Some(_)) if !used => err(&mut r, format!("inode {ino} has contents but is marked free")),
+                Err(_) if !used => err(&mut r, format!("inode {ino} has contents but is marked free")),
                 Ok(Some(d)) => {
-                    let mut claim = |r: &mut Report, blk: u64, what: &str| {
-                        if blk < sb.data_start || blk >= sb.data_end {
-                            err(r, format!("inode {ino}: {what} block {blk} outside the data area"));
-                        } else if let Some(o) = owner.insert(blk, ino) {
-                            err(r, format!("block {blk} owned twice (inodes {o} and {ino})"));
-                        } else if !bbits[blk as usize] {
-                            err(r, format!("block {blk} of inode {ino} is marked free"));
-                        }
-                    };
-                    let mut extents = d.extents.clone();
-                    let mut next = d.ext_block;
-                    let mut chain = 0u64;
-                    while next != 0 {
-                        chain += 1;
-                        if chain > d.n_extents as u64 / f::EXTENTS_PER_BLOCK as u64 + 1 {
-                            err(&mut r, format!("inode {ino}: extent chain too long (loop?)"));
-                            break;
-                        }
-                        claim(&mut r, next, "extent");
-                        match rd
-                            .read(next)
-                            .map_err(|e| e.to_string())
-                            .and_then(|b| ExtentBlock::decode(&b).map_err(|e| e.to_string()))
-                        {
-                            Ok(eb) if eb.ino == ino => {
-                                extents.extend(eb.extents);
-                                next = eb.next;
-                            }
-                            Ok(eb) => {
-                                err(&mut r, format!("inode {ino}: extent block {next} belongs to inode {}", eb.ino));
-                                break;
-                            }
-                            Err(e) => {
-                                err(&mut r, format!("inode {ino}: extent block {next}: {e}"));
-                                break;
-                            }
-                        }
-                    }
-                    if d.xattr_block != 0 {
-                        chain += 1;
-                        claim(&mut r, d.xattr_block, "xattr");
-                        match rd
-                            .read(d.xattr_block)
-                            .map_err(|e| e.to_string())
-                            .and_then(|b| f::XattrBlock::decode(&b).map_err(|e| e.to_string()))
-                        {
-                            Ok(x) if x.ino == ino => {}
-                            Ok(x) => err(&mut r, format!("inode {ino}: xattr block belongs to inode {}", x.ino)),
-                            Err(e) => err(&mut r, format!("inode {ino}: xattr block: {e}")),
-                        }
-                    }
-                    if d.flags & f::INODE_FLAG_INLINE == 0 && extents.len() != d.n_extents as usize {
-                        err(&mut r, format!("inode {ino}: {} extents found, {} recorded", extents.len(), d.n_extents));
-                    }
-                    let mut data = 0u64;
-                    let mut prev_end = 0u64;
-                    let mut sorted = extents.clone();
-                    sorted.sort_by_key(|e| e.logical);
-                    for e in &sorted {
-                        if e.len == 0 {
-                            err(&mut r, format!("inode {ino}: empty extent"));
-                        }
-                        if (e.logical as u64) < prev_end {
-                            err(&mut r, format!("inode {ino}: overlapping extents at file block {}", e.logical));
-                        }
-                        prev_end = e.end();
-                        for i in 0..e.len as u64 {
-                            claim(&mut r, e.physical + i, "data");
-                        }
-                        data += e.len as u64;
-                    }
-                    if d.blocks != data + chain {
-                        err(&mut r, format!("inode {ino}: block count {} but owns {}", d.blocks, data + chain));
-                    }
-                    if prev_end > d.size.div_ceil(BLOCK) {
-                        err(&mut r, format!("inode {ino}: extents reach past its size {}", d.size));
-                    }
-                    let kind = d.mode & f::S_IFMT;
-                    if kind == f::S_IFDIR && (d.size % BLOCK != 0 || data != d.size / BLOCK) {
-                        err(&mut r, format!("directory {ino}: size {} does not match its {data} blocks", d.size));
-                    }
-                    if kind == f::S_IFLNK && (d.size == 0 || d.size as usize > f::SYMLINK_MAX) {
-                        err(&mut r, format!("symlink {ino}: bad target length {}", d.size));
-                    }
-                    if kind == f::S_IFLNK && d.flags & f::INODE_FLAG_INLINE == 0 && data != 1 {
-                        err(&mut r, format!("symlink {ino}: target not in exactly one block"));
-                    }
-                    r.inodes_used += 1;
-                    match kind {
-                        f::S_IFDIR => r.directories += 1,
-                        f::S_IFREG => r.files += 1,
-                        _ => {}
-                    }
-                    nodes.insert(ino, Node { d, extents: sorted });
+                    nodes.insert(ino, check_inode(&rd, &mut claims, &mut r, ino, d));
                 }
                 Err(e) => err(&mut r, format!("inode {ino}: {e}")),
             }
         }
+    });
+    let data = (sb.data_start, sb.data_end);
+    r.blocks_used = bbits.count(data.0, data.1);
+    let claimed = claims.claimed;
+    for blk in bbits.ones(data.0, data.1, |w, x| x & !claimed.words[w]).take(MAX_ERRORS) {
+        err(&mut r, format!("block {blk} is marked in use but nobody owns it (leaked)"));
     }
-    for blk in sb.data_start..sb.data_end {
-        if bbits[blk as usize] {
-            r.blocks_used += 1;
-            if !owner.contains_key(&blk) {
-                err(&mut r, format!("block {blk} is marked in use but nobody owns it (leaked)"));
-            }
+    for (ino, n) in &nodes {
+        r.inodes_used += 1;
+        match n.d.mode & f::S_IFMT {
+            f::S_IFDIR => r.directories += 1,
+            f::S_IFREG => r.files += 1,
+            _ => {}
+        }
+        if n.d.nlink == 0 && sb.clean {
+            err(&mut r, format!("inode {ino} is an orphan, but the image is marked clean (it would never be freed)"));
         }
     }
 
-    // Directories: entries, link counts, parents, connectivity.
+    // Directories: entries, link counts, parents, connectivity. Blocks outside the
+    // data area were reported with the extents, and are not read.
+    let in_data = |e: &f::Extent| e.physical.max(data.0)..e.physical.saturating_add(e.len as u64).min(data.1);
+    let dir_blocks: Vec<(u64, Vec<u64>)> = nodes
+        .iter()
+        .filter(|(_, n)| n.d.mode & f::S_IFMT == f::S_IFDIR)
+        .map(|(ino, n)| (*ino, n.extents.iter().flat_map(in_data).collect()))
+        .collect();
+    total_work += dir_blocks.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
+    progress(done, total_work);
     let mut refs: HashMap<u64, u32> = HashMap::new();
     let mut subdirs: HashMap<u64, u32> = HashMap::new();
     let mut parent_of: HashMap<u64, u64> = HashMap::new();
     let mut children: HashMap<u64, Vec<u64>> = HashMap::new();
-    for (ino, n) in &nodes {
-        if n.d.mode & f::S_IFMT != f::S_IFDIR {
-            continue;
-        }
+    for (ino, blocks) in &dir_blocks {
+        let ino = *ino;
         let mut names = HashSet::new();
-        for e in &n.extents {
-            for i in 0..e.len as u64 {
-                let blk = e.physical + i;
-                let entries = match rd
-                    .read(blk)
-                    .map_err(|e| e.to_string())
-                    .and_then(|b| f::dir_block_decode(*ino, &b).map_err(|e| e.to_string()))
-                {
-                    Ok(x) => x,
-                    Err(e) => {
-                        err(&mut r, format!("directory {ino}: block {blk}: {e}"));
-                        continue;
-                    }
+        let mut sorted = blocks.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let mut got: HashMap<u64, std::result::Result<Vec<Option<f::Dirent>>, String>> = HashMap::new();
+        rd.read_many(&sorted, &mut |blk, res| {
+            got.insert(blk, res.and_then(|b| f::dir_block_decode(ino, b).map_err(|e| e.to_string())));
+        });
+        done += sorted.len() as u64;
+        progress(done, total_work);
+        for &blk in blocks {
+            let entries = match got.get(&blk).cloned().unwrap_or_else(|| Err("not read".into())) {
+                Ok(x) => x,
+                Err(e) => {
+                    err(&mut r, format!("directory {ino}: block {blk}: {e}"));
+                    continue;
+                }
+            };
+            for d in entries.into_iter().flatten() {
+                let name = String::from_utf8_lossy(&d.name).into_owned();
+                if !names.insert(d.name.clone()) {
+                    err(&mut r, format!("directory {ino}: duplicate name {name:?}"));
+                }
+                let Some(child) = nodes.get(&d.ino) else {
+                    err(&mut r, format!("directory {ino}: entry {name:?} points at free inode {}", d.ino));
+                    continue;
                 };
-                for d in entries.into_iter().flatten() {
-                    let name = String::from_utf8_lossy(&d.name).into_owned();
-                    if !names.insert(d.name.clone()) {
-                        err(&mut r, format!("directory {ino}: duplicate name {name:?}"));
-                    }
-                    let Some(child) = nodes.get(&d.ino) else {
-                        err(&mut r, format!("directory {ino}: entry {name:?} points at free inode {}", d.ino));
-                        continue;
-                    };
-                    if crate::fs::meta::ftype_of(child.d.mode) != d.ftype {
-                        err(&mut r, format!("directory {ino}: entry {name:?} has the wrong file type"));
-                    }
-                    *refs.entry(d.ino).or_default() += 1;
-                    children.entry(*ino).or_default().push(d.ino);
-                    if child.d.mode & f::S_IFMT == f::S_IFDIR {
-                        *subdirs.entry(*ino).or_default() += 1;
-                        if let Some(p) = parent_of.insert(d.ino, *ino) {
-                            err(&mut r, format!("directory {} has two parents ({p} and {ino})", d.ino));
-                        }
+                if crate::fs::meta::ftype_of(child.d.mode) != d.ftype {
+                    err(&mut r, format!("directory {ino}: entry {name:?} has the wrong file type"));
+                }
+                *refs.entry(d.ino).or_default() += 1;
+                children.entry(ino).or_default().push(d.ino);
+                if child.d.mode & f::S_IFMT == f::S_IFDIR {
+                    *subdirs.entry(ino).or_default() += 1;
+                    if let Some(p) = parent_of.insert(d.ino, ino) {
+                        err(&mut r, format!("directory {} has two parents ({p} and {ino})", d.ino));
                     }
                 }
             }
@@ -348,6 +472,106 @@ pub fn check(dev: &dyn Device) -> Result<Report> {
             err(&mut r, format!("inode {ino} is not reachable from the root"));
         }
     }
+    progress(total_work, total_work);
     r.superblock = Some(sb);
     Ok(r)
+}
+
+/// Check one in-use inode: its extent chain, attribute block, extents, sizes; claim
+/// its blocks. Returns it with its extents sorted.
+fn check_inode(rd: &Reader<'_>, claims: &mut Claims<'_>, r: &mut Report, ino: u64, d: DiskInode) -> Node {
+    let err = push_error;
+    let mut extents = d.extents.clone();
+    let mut next = d.ext_block;
+    let mut chain = 0u64;
+    while next != 0 {
+        chain += 1;
+        if chain > d.n_extents as u64 / f::EXTENTS_PER_BLOCK as u64 + 1 {
+            err(r, format!("inode {ino}: extent chain too long (loop?)"));
+            break;
+        }
+        claims.claim(r, ino, next, 1, "extent");
+        match rd.read(next).map_err(|e| e.to_string()).and_then(|b| ExtentBlock::decode(&b).map_err(|e| e.to_string()))
+        {
+            Ok(eb) if eb.ino == ino => {
+                extents.extend(eb.extents);
+                next = eb.next;
+            }
+            Ok(eb) => {
+                err(r, format!("inode {ino}: extent block {next} belongs to inode {}", eb.ino));
+                break;
+            }
+            Err(e) => {
+                err(r, format!("inode {ino}: extent block {next}: {e}"));
+                break;
+            }
+        }
+    }
+    if d.xattr_block != 0 {
+        chain += 1;
+        claims.claim(r, ino, d.xattr_block, 1, "xattr");
+        match rd
+            .read(d.xattr_block)
+            .map_err(|e| e.to_string())
+            .and_then(|b| f::XattrBlock::decode(&b).map_err(|e| e.to_string()))
+        {
+            Ok(x) if x.ino == ino => {}
+            Ok(x) => err(r, format!("inode {ino}: xattr block belongs to inode {}", x.ino)),
+            Err(e) => err(r, format!("inode {ino}: xattr block: {e}")),
+        }
+    }
+    if d.flags & f::INODE_FLAG_INLINE == 0 && extents.len() != d.n_extents as usize {
+        err(r, format!("inode {ino}: {} extents found, {} recorded", extents.len(), d.n_extents));
+    }
+    let mut data = 0u64;
+    let mut prev_end = 0u64;
+    let mut sorted = extents;
+    sorted.sort_by_key(|e| e.logical);
+    for e in &sorted {
+        if e.len == 0 {
+            err(r, format!("inode {ino}: empty extent"));
+        }
+        if (e.logical as u64) < prev_end {
+            err(r, format!("inode {ino}: overlapping extents at file block {}", e.logical));
+        }
+        prev_end = e.end();
+        claims.claim(r, ino, e.physical, e.len as u64, "data");
+        data += e.len as u64;
+    }
+    if d.blocks != data + chain {
+        err(r, format!("inode {ino}: block count {} but owns {}", d.blocks, data + chain));
+    }
+    if prev_end > d.size.div_ceil(BLOCK) {
+        err(r, format!("inode {ino}: extents reach past its size {}", d.size));
+    }
+    let kind = d.mode & f::S_IFMT;
+    if kind == f::S_IFDIR && (!d.size.is_multiple_of(BLOCK) || data != d.size / BLOCK) {
+        err(r, format!("directory {ino}: size {} does not match its {data} blocks", d.size));
+    }
+    if kind == f::S_IFLNK && (d.size == 0 || d.size as usize > f::SYMLINK_MAX) {
+        err(r, format!("symlink {ino}: bad target length {}", d.size));
+    }
+    if kind == f::S_IFLNK && d.flags & f::INODE_FLAG_INLINE == 0 && data != 1 {
+        err(r, format!("symlink {ino}: target not in exactly one block"));
+    }
+    Node { d, extents: sorted }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Bits;
+
+    #[test]
+    fn bit_ranges() {
+        let mut b = Bits::new(200);
+        b.set_range(3, 5);
+        b.set_range(60, 130);
+        assert!(b.get(3) && b.get(4) && !b.get(5) && b.get(64) && b.get(129) && !b.get(130));
+        assert_eq!(b.count(0, 200), 2 + 70);
+        assert_eq!(b.count(61, 65), 4);
+        assert!(b.any(100, 101) && !b.any(5, 60) && !b.any(7, 7));
+        assert_eq!(b.ones(0, 200, |_, w| w).take(3).collect::<Vec<_>>(), vec![3, 4, 60]);
+        assert_eq!(b.ones(0, 70, |_, w| !w).count(), 70 - 2 - 10);
+        assert_eq!(b.ones(190, 300, |_, w| !w).collect::<Vec<_>>(), (190..200).collect::<Vec<_>>());
+    }
 }

@@ -33,7 +33,7 @@ mod writeback;
 
 pub use journal::JournalStats;
 
-pub use config::{Config, FetchPolicy, IoPath, LockMode, Stack};
+pub use config::{Config, FetchPolicy, IoPath, LockMode, MountCheck, Stack};
 pub use error::{Error, ErrorKind, Result};
 pub use fs::api::TimeSet;
 pub use fs::{mkfs, DirEntry, File, FileType, Fs, Metadata, MkfsOptions, MountReport, OpenOptions, SetAttr, StatFs};
@@ -65,6 +65,17 @@ pub fn open_device(path: &Path, config: &Config) -> Result<Arc<dyn device::Devic
 /// Create (or reuse) an image file of `size` bytes, allocated up front so that
 /// O_DIRECT writes never wait on the host file system, and format it.
 pub fn mkfs_image(path: &Path, size: u64, opts: &MkfsOptions) -> Result<format::Superblock> {
+    mkfs_image_with_progress(path, size, opts, &mut |_, _| {})
+}
+
+/// [`mkfs_image`], calling `progress(done, total)` as it formats (see
+/// [`fs::mkfs_with_progress`]).
+pub fn mkfs_image_with_progress(
+    path: &Path,
+    size: u64,
+    opts: &MkfsOptions,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<format::Superblock> {
     use std::os::unix::io::AsRawFd;
     let size = size - size % format::BLOCK;
     let file = std::fs::OpenOptions::new()
@@ -88,7 +99,7 @@ pub fn mkfs_image(path: &Path, size: u64, opts: &MkfsOptions) -> Result<format::
     }
     drop(file);
     let dev = open_device(path, &Config { cache_bytes: 1 << 20, ..Default::default() })?;
-    mkfs(&*dev, opts)
+    fs::mkfs_with_progress(&*dev, opts, progress)
 }
 
 /// Mount an image file or block device with the io_uring engine.

@@ -1,44 +1,37 @@
 //! lock: ordering of concurrent access to one file's data.
 //!
-//! Interface: `read(ino)` / `write(ino)` return guards; readers share, a writer
-//! excludes everyone (`LockMode::Inode`, one reader-writer lock per file, which is
-//! what ext4's i_rwsem does). Range-granular locking (mechanism 2) plugs in here,
-//! behind the same two calls with a byte range added.
+//! Every inode carries a `FileLock` (in its cell, `fs::inode`): `read()` and `write()`
+//! return guards; readers share, a writer excludes everyone (`LockMode::Inode`, one
+//! reader-writer lock per file, which is what ext4's i_rwsem does). Range-granular
+//! locking (mechanism 2) plugs in here, behind the same two calls with a byte range
+//! added.
 //!
-//! Lock order (whole engine): inode lock → commit lock → page lock → metadata lock →
-//! cache map lock.
+//! The engine's lock order is written once, in `fs::inode`.
 
-use parking_lot::{Mutex, RwLock};
-use std::collections::HashMap;
-use std::sync::{Arc, Weak};
+use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
 
-pub type ReadGuard = parking_lot::lock_api::ArcRwLockReadGuard<parking_lot::RawRwLock, ()>;
-pub type WriteGuard = parking_lot::lock_api::ArcRwLockWriteGuard<parking_lot::RawRwLock, ()>;
-
+/// A sharded reader-writer lock: a reader takes the shard of its thread only, so
+/// threads reading one file share no cache line here (measured: a plain rwlock's
+/// reader count made two threads reading one cached file slower than one); a writer
+/// takes every shard.
 #[derive(Default)]
-pub struct LockTable {
-    locks: Mutex<HashMap<u64, Weak<RwLock<()>>>>,
-}
+pub struct FileLock(ShardedLock<()>);
 
-impl LockTable {
-    fn get(&self, ino: u64) -> Arc<RwLock<()>> {
-        let mut m = self.locks.lock();
-        if let Some(l) = m.get(&ino).and_then(Weak::upgrade) {
-            return l;
-        }
-        if m.len() > 4096 {
-            m.retain(|_, w| w.strong_count() > 0);
-        }
-        let l = Arc::new(RwLock::new(()));
-        m.insert(ino, Arc::downgrade(&l));
-        l
+impl FileLock {
+    pub fn read(&self) -> ShardedLockReadGuard<'_, ()> {
+        self.0.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn read(&self, ino: u64) -> ReadGuard {
-        self.get(ino).read_arc()
+    pub fn write(&self) -> ShardedLockWriteGuard<'_, ()> {
+        self.0.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn write(&self, ino: u64) -> WriteGuard {
-        self.get(ino).write_arc()
+    /// The write lock if no one holds the lock now.
+    pub fn try_write(&self) -> Option<ShardedLockWriteGuard<'_, ()>> {
+        match self.0.try_write() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
     }
 }

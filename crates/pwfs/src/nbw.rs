@@ -91,8 +91,9 @@ pub(crate) fn fetcher_thread(fs: Weak<FsInner>, rx: std::sync::mpsc::Receiver<(u
             // The pages are claimed under the inode lock (as a reader: a truncate sees
             // them in the cache and waits for them), and read without it, so that
             // writers to other pages of the file do not wait for this I/O.
+            let Ok(cell) = inner.cell(ino) else { continue };
             let claimed = {
-                let _g = inner.locks.read(ino);
+                let _g = cell.io.read();
                 let pages: Vec<Arc<Page>> = idxs.into_iter().filter_map(|i| inner.cache.get((ino, i))).collect();
                 inner.claim(pages)
             };
@@ -193,10 +194,11 @@ impl FsInner {
     }
 
     fn fetch_chunk(&self, ino: u64, pages: Vec<Arc<Page>>) -> Result<()> {
-        let maps: Result<Vec<Option<u64>>> = {
-            let mut m = self.meta.lock();
-            m.inode(ino).map(|node| pages.iter().map(|p| node.map(p.key.1)).collect())
-        };
+        // The block map is the inode's: no metadata lock on the read path.
+        let maps: Result<Vec<Option<u64>>> = self.cell(ino).map(|cell| {
+            let node = cell.lock();
+            pages.iter().map(|p| if node.freed { None } else { node.map(p.key.1) }).collect()
+        });
         let maps = match maps {
             Ok(v) => v,
             Err(e) => {

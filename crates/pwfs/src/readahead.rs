@@ -8,6 +8,18 @@ use parking_lot::Mutex;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
+/// Where a sequential reader is expected next, and the first page not yet queued for
+/// reading ahead. Each open file has its own (as in Linux), and each inode one for
+/// callers without a handle (FUSE), so that readers of one file through different
+/// handles neither share a cache line nor confuse each other's streams.
+pub struct RaState(Mutex<(u64, u64)>);
+
+impl Default for RaState {
+    fn default() -> Self {
+        RaState(Mutex::new((u64::MAX, 0)))
+    }
+}
+
 type RaQueue = Arc<Mutex<std::sync::mpsc::Receiver<(u64, u64, u64)>>>;
 
 pub(crate) fn readahead_thread(fs: Weak<FsInner>, rx: RaQueue) {
@@ -24,12 +36,17 @@ fn readahead_one(inner: &FsInner, ino: u64, first: u64, n: u64) {
     // between the size check and the insert, and finds them in the cache after it),
     // and read without it.
     let new: Vec<Arc<Page>> = {
-        let _g = inner.locks.read(ino);
-        let size = match inner.meta.lock().inode(ino) {
-            Ok(node) => node.d.size,
-            Err(_) => return,
+        let Ok(cell) = inner.cell(ino) else { return };
+        let _g = cell.io.read();
+        let size = {
+            let node = cell.lock();
+            if node.freed {
+                return;
+            }
+            node.d.size
         };
         let n = n.min(size.div_ceil(BLOCK).saturating_sub(first));
+        cell.note_pages(first + n);
         inner.cache.read_ahead_range(ino, first, n).into_iter().filter(|p| p.1).map(|p| p.0).collect()
     };
     // A failed readahead fails its pages; the reader fetches them again.
@@ -44,7 +61,7 @@ impl FsInner {
     /// background readers, in requests of two windows, so that two requests are in
     /// flight while the reader copies (measured: one window ahead left the device
     /// idle between requests; see docs/BENCHMARKS.md).
-    pub fn readahead(&self, ino: u64, offset: u64, len: u64, size: u64) {
+    pub fn readahead(&self, ino: u64, ra: &RaState, offset: u64, len: u64, size: u64) {
         // Up to five windows may be queued ahead: keep them well inside the cache, or
         // readahead evicts what the reader is about to read.
         let cap = (self.cache.capacity() as u64 / 16).max(1);
@@ -54,11 +71,8 @@ impl FsInner {
         }
         let end = (offset + len).div_ceil(BLOCK);
         let queue = {
-            let mut ra = self.ra_next.lock();
-            if ra.len() > 4096 {
-                ra.clear();
-            }
-            let (expected, frontier) = ra.get(&ino).copied().unwrap_or((u64::MAX, 0));
+            let mut ra = ra.0.lock();
+            let (expected, frontier) = *ra;
             let sequential = expected == offset;
             let mut frontier = if sequential { frontier.max(end) } else { end };
             let mut queue = None;
@@ -66,7 +80,7 @@ impl FsInner {
                 queue = Some((frontier, 2 * window));
                 frontier += 2 * window;
             }
-            ra.insert(ino, (offset + len, frontier));
+            *ra = (offset + len, frontier);
             queue
         };
         if let Some((from, n)) = queue {

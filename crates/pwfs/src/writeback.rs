@@ -222,15 +222,19 @@ impl FsInner {
     /// Device blocks for `n` consecutive pages of `ino` from `idx`, allocating the
     /// unmapped ones; None for pages past the end of the file or of a freed inode.
     fn map_run(&self, m: &mut Meta, ino: u64, idx: u64, n: u64) -> Result<Vec<Option<u64>>> {
-        let Ok(node) = m.inode(ino) else {
+        let Ok(cell) = m.cell(ino) else {
             return Ok(vec![None; n as usize]);
         };
+        let tx = m.tx.clone();
+        let mut node = cell.lock();
+        if node.freed {
+            return Ok(vec![None; n as usize]);
+        }
         let pages = node.d.size.div_ceil(BLOCK);
         let mut out = Vec::with_capacity(n as usize);
         let mut k = 0;
         while k < n {
             let lblk = idx + k;
-            let node = m.inode(ino)?;
             if lblk >= pages {
                 out.push(None);
                 k += 1;
@@ -248,7 +252,6 @@ impl FsInner {
             }
             let goal = lblk.checked_sub(1).and_then(|p| node.map(p)).map(|b| b + 1);
             let (first, got) = m.alloc_data(want, goal)?;
-            let node = m.inode(ino)?;
             node.add_mapping(lblk, first, got);
             let mut unreserved = 0;
             for i in 0..got {
@@ -256,9 +259,9 @@ impl FsInner {
                     unreserved += 1;
                 }
             }
-            m.reserved -= unreserved;
-            m.mark_inode_dirty(ino);
-            m.data_meta_dirty.insert(ino);
+            m.add_reserved(-unreserved);
+            node.data_meta_dirty = true;
+            node.register(&tx, None);
             for i in 0..got {
                 out.push(Some(first + i));
             }

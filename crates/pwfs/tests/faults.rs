@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use pwfs::device::mem::MemDevice;
 use pwfs::device::sim::{SimConfig, SimDevice};
-use pwfs::{Config, ErrorKind, Fs, MkfsOptions, OpenOptions};
+use pwfs::{Config, ErrorKind, Fs, MkfsOptions, MountCheck, OpenOptions};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
@@ -122,7 +122,8 @@ fn corrupt_images_are_refused_unchanged_or_mount_clean() {
             img[at] ^= rng.gen_range(1..=255u8);
         }
         let dev = Arc::new(SimDevice::new(img.clone(), SimConfig::default()));
-        match Fs::mount(dev.clone(), test_config()) {
+        // The image was unmounted cleanly: only a check asked for reads all of it.
+        match Fs::mount(dev.clone(), Config { check_on_mount: MountCheck::Always, ..test_config() }) {
             Err(e) => {
                 refused += 1;
                 assert!(!e.to_string().is_empty());
@@ -164,7 +165,8 @@ fn damaged_primary_superblock_falls_back_to_the_backup() {
     let mut img = populated_image();
     img[100] ^= 0xff;
     let dev = Arc::new(MemDevice::from_vec(img));
-    let (fs, report) = Fs::mount_report(dev.clone(), Config { check_on_mount: false, ..test_config() }).unwrap();
+    let (fs, report) =
+        Fs::mount_report(dev.clone(), Config { check_on_mount: MountCheck::Never, ..test_config() }).unwrap();
     assert!(report.used_backup_superblock);
     assert_eq!(fs.read_file("/d/f3").unwrap(), vec![3u8; 2100]);
     let r = pwfs::fsck::check(&*dev).unwrap();

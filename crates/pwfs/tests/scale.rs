@@ -20,7 +20,7 @@ fn directory_with_100k_entries() {
     }
     assert_eq!(errno(fs.mknod(dir, b"entry-000123", 0o644, 0, 0, 0)), libc::EEXIST);
     fs.unmount().unwrap();
-    let fs = Fs::mount(dev.clone(), Config { check_on_mount: false, ..test_config() }).unwrap();
+    let fs = Fs::mount(dev.clone(), Config { check_on_mount: pwfs::MountCheck::Never, ..test_config() }).unwrap();
     for i in (0..N).step_by(997) {
         fs.lookup(dir, format!("entry-{i:06}").as_bytes()).unwrap();
     }

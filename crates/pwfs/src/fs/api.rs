@@ -5,11 +5,14 @@
 //! the same file). Symlinks are followed (at most 40 per lookup, then ELOOP), except
 //! in the last component where the operation says so (lstat, readlink, unlink...).
 
+use super::inode::InodeCell;
 use super::Fs;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::{self as f, Timespec};
+use crate::readahead::RaState;
 use parking_lot::Mutex;
 use std::io;
+use std::sync::Arc;
 
 const MAX_SYMLINKS: u32 = 40;
 const PATH_MAX: usize = 4096;
@@ -209,6 +212,10 @@ impl OpenOptions {
 pub struct File {
     fs: Fs,
     ino: u64,
+    /// The inode, held: its calls need no lookup.
+    cell: Arc<InodeCell>,
+    /// This handle's readahead (a sequential reader per handle, as in Linux).
+    ra: RaState,
     pos: Mutex<u64>,
     readable: bool,
     writable: bool,
@@ -224,7 +231,7 @@ impl File {
         if !self.readable {
             return Err(Error::new(ErrorKind::BadHandle, "file not open for reading"));
         }
-        self.fs.read(self.ino, offset, buf)
+        self.fs.read_cell(&self.cell, &self.ra, offset, buf)
     }
 
     /// Write all of `data` at `offset` (at the end of file for O_APPEND handles).
@@ -232,7 +239,7 @@ impl File {
         if !self.writable {
             return Err(Error::new(ErrorKind::BadHandle, "file not open for writing"));
         }
-        self.fs.write(self.ino, offset, data, self.append)?;
+        self.fs.write_cell(&self.cell, offset, data, self.append)?;
         Ok(data.len())
     }
 
@@ -250,7 +257,7 @@ impl File {
             return Err(Error::new(ErrorKind::BadHandle, "file not open for writing"));
         }
         let mut pos = self.pos.lock();
-        let at = self.fs.write(self.ino, *pos, data, self.append)?;
+        let at = self.fs.write_cell(&self.cell, *pos, data, self.append)?;
         *pos = at + data.len() as u64;
         Ok(data.len())
     }
@@ -418,7 +425,23 @@ impl Fs {
             }
         };
         let md = self.open_ino(ino)?;
-        let file = File { fs: self.clone(), ino, pos: Mutex::new(0), readable: o.read, writable, append: o.append };
+        let cell = match self.inner.cell(ino) {
+            Ok(cell) => cell,
+            Err(e) => {
+                self.release_ino(ino);
+                return Err(e);
+            }
+        };
+        let file = File {
+            fs: self.clone(),
+            ino,
+            cell,
+            ra: RaState::default(),
+            pos: Mutex::new(0),
+            readable: o.read,
+            writable,
+            append: o.append,
+        };
         match md.kind {
             FileType::Directory if writable => return Err(Error::is_dir("")),
             FileType::Symlink => return Err(Error::is_loop("O_NOFOLLOW on a symlink")),

@@ -1,11 +1,16 @@
-//! Metadata state of a mounted file system: cached metadata blocks, the running
-//! transaction, loaded inodes, directory indexes, and the allocators.
+//! Metadata state of a mounted file system: cached metadata blocks, the namespace
+//! (directory indexes, open counts, inodes to free) and the allocators.
 //!
-//! Everything here is guarded by one mutex (`Fs::meta`) and is never held across
-//! data I/O; it does read metadata blocks on a miss. Every change to a metadata block
-//! goes through [`Meta::modify`], which puts the block in the running transaction;
-//! [`Meta::take_tx`] turns the transaction into journal images.
+//! Everything here is guarded by one mutex (`FsInner::meta`) and is never held across
+//! data I/O; it does read metadata blocks on a miss. Inodes live in their own cells
+//! (`fs::inode`), reached from here with `Meta::inode`, which loads and locks one.
+//! Every change to a metadata block goes through [`Meta::modify`], which puts the block
+//! in the running transaction (`fs::tx`); [`Meta::take_tx`] stores the registered
+//! inodes and turns the transaction into journal images.
 
+use super::inode::{chain_cost, chain_cost_of, Inode, InodeCell, InodeGuard, InodeTable};
+use super::tx::Tx;
+pub use super::tx::TxSize;
 use crate::alloc::Allocator;
 use crate::device::{AlignedBuf, Device};
 use crate::error::{Error, Result};
@@ -13,94 +18,6 @@ use crate::format::{self as f, DiskInode, Extent, ExtentBlock, Superblock, Times
 use crate::journal::Transaction;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
-
-/// An inode in memory. Extents map file block → (length, device block).
-#[derive(Debug, Clone)]
-pub struct Inode {
-    pub d: DiskInode,
-    pub extents: BTreeMap<u32, (u32, u64)>,
-    /// Blocks of the on-disk extent chain, in order.
-    pub chain: Vec<u64>,
-    /// Pages with space reserved for delayed allocation (written, not yet mapped).
-    pub reserved: BTreeSet<u64>,
-}
-
-impl Inode {
-    pub fn kind(&self) -> u32 {
-        self.d.mode & f::S_IFMT
-    }
-    pub fn is_dir(&self) -> bool {
-        self.kind() == f::S_IFDIR
-    }
-
-    /// Device block of file block `lblk`, if mapped.
-    pub fn map(&self, lblk: u64) -> Option<u64> {
-        let (start, (len, phys)) = self.extents.range(..=lblk as u32).next_back()?;
-        let off = lblk - *start as u64;
-        (off < *len as u64).then(|| phys + off)
-    }
-
-    /// Extent-chain blocks this inode needs once its reserved pages are mapped (each
-    /// may become an extent of its own).
-    pub fn chain_needed(&self) -> u64 {
-        if self.d.flags & f::INODE_FLAG_INLINE != 0 {
-            return 0;
-        }
-        let extents = self.extents.len() + self.reserved.len();
-        extents.saturating_sub(f::INLINE_EXTENTS).div_ceil(f::EXTENTS_PER_BLOCK) as u64
-    }
-
-    /// Number of data blocks mapped.
-    pub fn data_blocks(&self) -> u64 {
-        self.extents.values().map(|(l, _)| *l as u64).sum()
-    }
-
-    /// Add a mapping, merging with the previous extent when contiguous.
-    pub fn add_mapping(&mut self, lblk: u64, phys: u64, len: u64) {
-        if let Some((start, (l, p))) = self.extents.range_mut(..lblk as u32).next_back() {
-            if *start as u64 + *l as u64 == lblk && *p + *l as u64 == phys && *l as u64 + len <= u32::MAX as u64 {
-                *l += len as u32;
-                return;
-            }
-        }
-        self.extents.insert(lblk as u32, (len as u32, phys));
-    }
-
-    /// Remove every mapping at or past `from`; returns the freed device runs.
-    pub fn unmap_from(&mut self, from: u64) -> Vec<(u64, u64)> {
-        self.unmap_range(from, u32::MAX as u64 + 1)
-    }
-
-    /// Remove the mappings of file blocks `from..to`; returns the freed device runs.
-    pub fn unmap_range(&mut self, from: u64, to: u64) -> Vec<(u64, u64)> {
-        let mut freed = Vec::new();
-        let mut split = Vec::new();
-        let keys: Vec<u32> = match u32::try_from(to) {
-            Ok(to) => self.extents.range(..to).map(|(k, _)| *k).collect(),
-            Err(_) => self.extents.keys().copied().collect(),
-        };
-        for k in keys.into_iter().rev() {
-            let (len, phys) = self.extents[&k];
-            let (start, end) = (k as u64, k as u64 + len as u64);
-            if end <= from {
-                break;
-            }
-            self.extents.remove(&k);
-            let (cut_from, cut_to) = (start.max(from), end.min(to));
-            freed.push((phys + (cut_from - start), cut_to - cut_from));
-            if start < cut_from {
-                split.push((start, phys, cut_from - start));
-            }
-            if cut_to < end {
-                split.push((cut_to, phys + (cut_to - start), end - cut_to));
-            }
-        }
-        for (l, p, n) in split {
-            self.extents.insert(l as u32, (n as u32, p));
-        }
-        freed
-    }
-}
 
 /// In-memory index of one directory: name → slot, and the free slots.
 pub struct DirIndex {
@@ -113,22 +30,16 @@ pub struct Meta {
     pub sb: Superblock,
     dev: Arc<dyn Device>,
     blocks: HashMap<u64, AlignedBuf>,
-    tx_dirty: BTreeSet<u64>,
-    tx_revokes: BTreeSet<u64>,
     /// Committed since the last checkpoint: the cached copy is newer than home.
     pub pinned: HashSet<u64>,
-    pub inodes: HashMap<u64, Inode>,
-    dirty_inodes: BTreeSet<u64>,
-    /// Dirty inodes whose extents (with reserved pages) overflow the inode: storing
-    /// them rewrites an extent chain, which the transaction's size must count.
-    chained: BTreeSet<u64>,
+    /// Inodes in memory (shared with the data path, which reaches them without this lock).
+    pub table: Arc<InodeTable>,
+    /// The running transaction's bookkeeping (its own lock).
+    pub tx: Arc<Tx>,
     dirs: HashMap<u64, DirIndex>,
     pub alloc: Allocator,
-    /// Blocks promised to delayed allocations.
-    pub reserved: u64,
-    /// Room in the running transaction promised to operations that were admitted
-    /// and change metadata later, after I/O without this lock (truncate).
-    pub credits: TxSize,
+    /// Blocks promised to delayed allocations (`add_reserved`).
+    reserved: u64,
     iused: Vec<u64>,
     pub ifree: u64,
     ihint: u64,
@@ -136,59 +47,8 @@ pub struct Meta {
     pub open: HashMap<u64, u32>,
     /// Unlinked inodes with no open handle; freed at the start of the next commit.
     pub to_free: BTreeSet<u64>,
-    /// Inodes whose size or block mapping changed since the last commit: fdatasync
-    /// of one of these must commit; of any other it need only write data and flush.
-    pub data_meta_dirty: HashSet<u64>,
     block_limit: usize,
     pub generation_seed: u32,
-}
-
-/// The size of a transaction: block images and revoke records.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TxSize {
-    pub images: u64,
-    pub revokes: u64,
-}
-
-impl TxSize {
-    pub const fn new(images: u64, revokes: u64) -> TxSize {
-        TxSize { images, revokes }
-    }
-
-    /// Log blocks a transaction of this size takes: descriptors, images, commit block.
-    pub fn log_blocks(self) -> u64 {
-        (self.images + self.revokes).div_ceil(f::JDESC_ENTRIES as u64).max(1) + self.images + 1
-    }
-
-    pub fn plus(self, o: TxSize) -> TxSize {
-        TxSize { images: self.images + o.images, revokes: self.revokes + o.revokes }
-    }
-
-    pub fn minus(self, o: TxSize) -> TxSize {
-        TxSize { images: self.images - o.images, revokes: self.revokes - o.revokes }
-    }
-}
-
-/// What storing a dirty inode's extent chain adds to its transaction: every chain
-/// block it keeps is rewritten, a new one also changes a bitmap block, a dropped one
-/// is freed (a bitmap block) and revoked.
-fn chain_cost(node: &Inode, bitmap_blocks: u64) -> (u64, u64) {
-    chain_cost_of(node, 0, bitmap_blocks)
-}
-
-/// `chain_cost` once the inode has gained `extra` extents. Reserved pages may or may
-/// not have become extents when it is stored: the chain may grow to hold all of them
-/// or shrink to hold only the extents mapped now.
-fn chain_cost_of(node: &Inode, extra: u64, bitmap_blocks: u64) -> (u64, u64) {
-    if node.d.flags & f::INODE_FLAG_INLINE != 0 {
-        return (0, 0);
-    }
-    let blocks = |extents: u64| extents.saturating_sub(f::INLINE_EXTENTS as u64).div_ceil(f::EXTENTS_PER_BLOCK as u64);
-    let most = blocks(node.extents.len() as u64 + node.reserved.len() as u64 + extra);
-    let least = blocks(node.extents.len() as u64);
-    let have = node.chain.len() as u64;
-    let (grow, shrink) = (most.saturating_sub(have), have.saturating_sub(least));
-    (most + grow.min(bitmap_blocks) + shrink.min(bitmap_blocks), shrink)
 }
 
 pub fn now() -> Timespec {
@@ -215,7 +75,13 @@ fn bit(words: &[u64], i: u64) -> bool {
 
 impl Meta {
     /// Load the allocators from the on-disk bitmaps (after journal replay).
-    pub fn load(sb: Superblock, dev: Arc<dyn Device>, preloaded: BTreeMap<u64, Vec<u8>>) -> Result<Meta> {
+    pub fn load(
+        sb: Superblock,
+        dev: Arc<dyn Device>,
+        preloaded: BTreeMap<u64, Vec<u8>>,
+        table: Arc<InodeTable>,
+        tx: Arc<Tx>,
+    ) -> Result<Meta> {
         let mut m = Meta {
             alloc: Allocator::new(sb.data_start, sb.data_blocks()),
             iused: vec![0; sb.inode_count.div_ceil(64) as usize],
@@ -224,18 +90,13 @@ impl Meta {
             sb,
             dev,
             blocks: HashMap::new(),
-            tx_dirty: BTreeSet::new(),
-            tx_revokes: BTreeSet::new(),
             pinned: HashSet::new(),
-            inodes: HashMap::new(),
-            dirty_inodes: BTreeSet::new(),
-            chained: BTreeSet::new(),
+            table,
+            tx,
             dirs: HashMap::new(),
             reserved: 0,
-            credits: TxSize::default(),
             open: HashMap::new(),
             to_free: BTreeSet::new(),
-            data_meta_dirty: HashSet::new(),
             block_limit: 16384,
             generation_seed: rand::random(),
         };
@@ -296,15 +157,14 @@ impl Meta {
 
     /// The block, made part of the running transaction.
     pub fn modify(&mut self, b: u64) -> Result<&mut AlignedBuf> {
-        self.tx_dirty.insert(b);
-        self.tx_revokes.remove(&b);
-        self.block(b)
+        self.block(b)?;
+        self.tx.block(b);
+        Ok(self.blocks.get_mut(&b).expect("just loaded"))
     }
 
     /// A freshly allocated metadata block: zeroed, in the transaction, not read.
     fn fresh(&mut self, b: u64) -> &mut AlignedBuf {
-        self.tx_dirty.insert(b);
-        self.tx_revokes.remove(&b);
+        self.tx.block(b);
         let buf = self.dev.alloc_zeroed(BLOCK_SIZE);
         self.blocks.insert(b, buf);
         self.blocks.get_mut(&b).expect("just inserted")
@@ -314,7 +174,8 @@ impl Meta {
         if self.blocks.len() < self.block_limit {
             return;
         }
-        let (dirty, pinned) = (&self.tx_dirty, &self.pinned);
+        let dirty = self.tx.blocks();
+        let pinned = &self.pinned;
         let mut n = self.blocks.len() / 2;
         self.blocks.retain(|b, _| {
             if n > 0 && !dirty.contains(b) && !pinned.contains(b) {
@@ -325,38 +186,23 @@ impl Meta {
         });
     }
 
-    /// The size of the running transaction if it were committed now, counted as
-    /// distinct blocks: every block changed so far (inode table blocks join when an
-    /// inode is marked dirty), plus what closing it may still add — extent chains of
-    /// dirty inodes (rewritten whole, new chain blocks allocated) and the bitmap blocks
-    /// that write-back of reserved pages will change. An upper bound, exact for
-    /// everything already changed; `take_tx` asserts that the real one is not larger.
+    /// The size bound of the running transaction (`fs::tx`).
     pub fn tx_size(&self) -> TxSize {
-        let mut size = TxSize { images: self.tx_dirty.len() as u64, revokes: self.tx_revokes.len() as u64 };
-        for ino in &self.chained {
-            if let Some(node) = self.inodes.get(ino) {
-                let (write, revoke) = chain_cost(node, self.sb.block_bitmap_blocks);
-                size.images += write;
-                size.revokes += revoke;
-            }
-        }
-        size.images += self.reserved.min(self.sb.block_bitmap_blocks);
-        size.plus(self.credits)
+        self.tx.size()
     }
 
-    /// At most what marking `ino` dirty adds to the running transaction once it has
+    /// At most what registering `ino` adds to the running transaction once it has
     /// gained `extra` extents: its table block and its whole extent chain.
     pub fn inode_cost(&mut self, ino: u64, extra: u64) -> Result<TxSize> {
         let bitmap = self.sb.block_bitmap_blocks;
-        let (images, revokes) = chain_cost_of(self.inode(ino)?, extra, bitmap);
-        Ok(TxSize::new(1 + images, revokes))
+        let node = self.inode(ino)?;
+        Ok(TxSize::new(1, 0).plus(chain_cost_of(&node, extra, bitmap)))
     }
 
-    /// At most the bitmap blocks that freeing the mappings of `ino` at and past file
+    /// At most the bitmap blocks that freeing the mappings of `node` at and past file
     /// block `from` changes.
-    pub fn unmap_cost(&mut self, ino: u64, from: u64) -> Result<u64> {
+    pub fn unmap_cost(&self, node: &Inode, from: u64) -> u64 {
         let bitmap = self.sb.block_bitmap_blocks;
-        let node = self.inode(ino)?;
         let mut n = 0u64;
         for (start, (len, _)) in node.extents.iter().rev() {
             if (*start as u64 + *len as u64) <= from {
@@ -364,17 +210,17 @@ impl Meta {
             }
             n += (*len as u64).div_ceil(f::BITS_PER_BITMAP_BLOCK) + 1;
             if n >= bitmap {
-                return Ok(bitmap);
+                return bitmap;
             }
         }
-        Ok(n)
+        n
     }
 
     /// At most what freeing `ino` (`free_inode`) adds to the running transaction.
     pub fn free_cost(&mut self, ino: u64) -> Result<TxSize> {
         let bitmap = self.sb.block_bitmap_blocks;
-        let spans = self.unmap_cost(ino, 0)?;
         let node = self.inode(ino)?;
+        let spans = self.unmap_cost(&node, 0);
         let journaled = node.is_dir() || node.kind() == f::S_IFLNK;
         let meta_blocks = node.chain.len() as u64 + (node.d.xattr_block != 0) as u64;
         let revokes = meta_blocks + if journaled { node.data_blocks() } else { 0 };
@@ -387,14 +233,13 @@ impl Meta {
     /// freed, the inode keeps the rest and stays unlinked). Returns whether anything
     /// was unmapped.
     pub fn trim_inode(&mut self, ino: u64, room: u64) -> Result<bool> {
-        let journaled = {
-            let node = self.inode(ino)?;
-            node.is_dir() || node.kind() == f::S_IFLNK
-        };
+        let bitmap = self.sb.block_bitmap_blocks;
         let mut trimmed = false;
         loop {
-            let base = self.tx_size().plus(self.inode_cost(ino, 0)?);
-            let node = self.inode(ino)?;
+            let tx = self.tx_size();
+            let mut node = self.inode(ino)?;
+            let journaled = node.is_dir() || node.kind() == f::S_IFLNK;
+            let base = tx.plus(TxSize::new(1, 0)).plus(chain_cost(&node, bitmap));
             let Some((&start, &(len, _))) = node.extents.iter().next_back() else { break };
             // Split a long extent so that one piece always fits.
             let len = len as u64;
@@ -404,11 +249,12 @@ impl Meta {
                 break;
             }
             let from = start as u64 + len - piece;
-            let freed = self.inode(ino)?.unmap_range(from, start as u64 + len);
+            let freed = node.unmap_range(from, start as u64 + len);
+            node.register(&self.tx, None);
+            drop(node);
             for (b, n) in freed {
                 self.free_blocks(b, n, journaled)?;
             }
-            self.mark_inode_dirty(ino);
             trimmed = true;
         }
         Ok(trimmed)
@@ -416,19 +262,26 @@ impl Meta {
 
     /// Whether nothing has changed since the last commit.
     pub fn tx_is_empty(&self) -> bool {
-        self.tx_dirty.is_empty() && self.tx_revokes.is_empty() && self.dirty_inodes.is_empty()
+        self.tx.is_empty()
     }
 
-    /// Close the running transaction: write dirty inodes into their blocks and hand
-    /// out copies of every changed block, the revokes, and the frees to release once
-    /// it is durable.
+    /// Close the running transaction: store its inodes into their table blocks and
+    /// hand out copies of every changed block, the revokes, and the frees to release
+    /// once it is durable.
     pub fn take_tx(&mut self) -> Result<(Transaction, Vec<(u64, u64)>)> {
-        let bound = self.tx_size();
-        for ino in std::mem::take(&mut self.dirty_inodes) {
-            self.store_inode(ino)?;
+        let closing = self.tx.close_inodes();
+        for (ino, counted) in closing.inodes {
+            // Paired with the bound the inode registered with: operations are
+            // admitted against it, so a chain that grew past it could outgrow the
+            // journal.
+            let done = self.store_inode(ino, closing.epoch)?;
+            if done.images > counted.images || done.revokes > counted.revokes {
+                return Err(Error::corrupt(format!(
+                    "bug: inode {ino} stored {done:?} of extent chain, registered as at most {counted:?}"
+                )));
+            }
         }
-        self.chained.clear();
-        let dirty = std::mem::take(&mut self.tx_dirty);
+        let (dirty, revokes) = self.tx.take_blocks();
         let mut images = Vec::with_capacity(dirty.len());
         for b in dirty {
             let mut copy = self.dev.alloc(BLOCK_SIZE);
@@ -436,21 +289,8 @@ impl Meta {
             self.check_before_write(b, &copy)?;
             images.push((b, copy));
         }
-        let revokes: Vec<u64> = std::mem::take(&mut self.tx_revokes).into_iter().collect();
-        // Paired with `tx_size`: operations are admitted against that bound, so a
-        // transaction larger than it could outgrow the journal.
-        if images.len() as u64 > bound.images || revokes.len() as u64 > bound.revokes {
-            return Err(Error::corrupt(format!(
-                "bug: transaction of {} images and {} revokes, counted as at most {} and {}",
-                images.len(),
-                revokes.len(),
-                bound.images,
-                bound.revokes
-            )));
-        }
-        self.data_meta_dirty.clear();
         let frees = self.alloc.take_pending();
-        Ok((Transaction { images, revokes, extra: Vec::new() }, frees))
+        Ok((Transaction { images, revokes: revokes.into_iter().collect(), extra: Vec::new() }, frees))
     }
 
     /// Paired assertion: a bitmap block about to be logged must carry a valid checksum.
@@ -509,6 +349,13 @@ impl Meta {
         self.alloc.free_blocks().saturating_sub(self.reserved)
     }
 
+    /// Promise (`n` > 0) or release blocks for delayed allocation; the transaction
+    /// counts the bitmap blocks their write-back will change.
+    pub fn add_reserved(&mut self, n: i64) {
+        self.reserved = self.reserved.checked_add_signed(n).expect("reservations balance");
+        self.tx.set_reserved(self.reserved);
+    }
+
     /// Allocate a run of data blocks (for reserved pages: the reservation is consumed).
     pub fn alloc_data(&mut self, want: u64, goal: Option<u64>) -> Result<(u64, u64)> {
         let (first, n) = self.alloc.alloc(want, goal).ok_or_else(|| Error::no_space("no free data blocks"))?;
@@ -531,8 +378,7 @@ impl Meta {
         self.alloc.free(first, count);
         for b in first..first + count {
             if journaled {
-                self.tx_dirty.remove(&b);
-                self.tx_revokes.insert(b);
+                self.tx.revoke(b);
                 self.pinned.remove(&b);
             }
             self.blocks.remove(&b);
@@ -551,15 +397,24 @@ impl Meta {
         ino >= 1 && ino <= self.sb.inode_count && bit(&self.iused, ino - 1)
     }
 
-    pub fn inode(&mut self, ino: u64) -> Result<&mut Inode> {
-        if !self.inodes.contains_key(&ino) {
-            if !self.valid_ino(ino) {
-                return Err(Error::not_found(format!("inode {ino} is not in use")));
-            }
-            let node = self.load_inode(ino)?;
-            self.inodes.insert(ino, node);
+    /// The inode's cell, loaded from its table block on first use.
+    pub fn cell(&mut self, ino: u64) -> Result<Arc<InodeCell>> {
+        if let Some(cell) = self.table.get(ino) {
+            return Ok(cell);
         }
-        Ok(self.inodes.get_mut(&ino).expect("loaded"))
+        if !self.valid_ino(ino) {
+            return Err(Error::not_found(format!("inode {ino} is not in use")));
+        }
+        let node = self.load_inode(ino)?;
+        let cell = Arc::new(InodeCell::new(ino, self.inode_slot(ino).0, node));
+        self.table.insert(cell.clone());
+        Ok(cell)
+    }
+
+    /// The inode, loaded and locked. Hold one guard of an inode at a time: locking it
+    /// again while the guard lives deadlocks (debug builds panic).
+    pub fn inode(&mut self, ino: u64) -> Result<InodeGuard> {
+        Ok(self.cell(ino)?.lock())
     }
 
     fn load_inode(&mut self, ino: u64) -> Result<Inode> {
@@ -567,7 +422,7 @@ impl Meta {
         let b = self.block(blk)?;
         let d = DiskInode::decode(ino, &b[off..off + f::INODE_SIZE])?
             .ok_or_else(|| Error::corrupt(format!("inode {ino} is marked in use but its slot is empty")))?;
-        let mut node = Inode { extents: BTreeMap::new(), chain: Vec::new(), reserved: BTreeSet::new(), d };
+        let mut node = Inode { d, ..Default::default() };
         let mut all: Vec<Extent> = node.d.extents.clone();
         let mut next = node.d.ext_block;
         while next != 0 {
@@ -597,41 +452,57 @@ impl Meta {
         Ok(node)
     }
 
-    /// The inode goes into the running transaction: its table block now (so that the
-    /// transaction's size counts distinct blocks), its slot and extents when it closes.
-    /// Every change to an inode's extents or reserved pages is followed by this call.
-    pub fn mark_inode_dirty(&mut self, ino: u64) {
-        self.dirty_inodes.insert(ino);
-        let blk = self.inode_slot(ino).0;
-        self.tx_dirty.insert(blk);
-        if self.inodes.get(&ino).is_some_and(|n| n.chain_needed() > 0 || !n.chain.is_empty()) {
-            self.chained.insert(ino);
-        }
+    /// Change an inode and register it with the running transaction.
+    pub fn update<T>(&mut self, ino: u64, f: impl FnOnce(&mut Inode) -> T) -> Result<T> {
+        let tx = self.tx.clone();
+        let mut node = self.inode(ino)?;
+        let v = f(&mut node);
+        node.register(&tx, None);
+        Ok(v)
     }
 
-    /// Write an inode (and its extent chain) into the cached metadata blocks.
-    fn store_inode(&mut self, ino: u64) -> Result<()> {
-        let Some(node) = self.inodes.get(&ino) else {
-            return Ok(());
+    /// The inode joins the running transaction (its table block now, so that the
+    /// transaction's size counts distinct blocks; its slot and extents when it closes).
+    /// Every change to an inode's extents or reserved pages is followed by this call,
+    /// or by `InodeGuard::register` where the caller holds the inode.
+    pub fn mark_inode_dirty(&mut self, ino: u64) -> Result<()> {
+        let tx = self.tx.clone();
+        self.inode(ino)?.register(&tx, None);
+        Ok(())
+    }
+
+    /// Write an inode (and its extent chain) into the cached metadata blocks, as the
+    /// transaction that closed at `epoch` holds it; returns what its extent chain
+    /// added. An inode that must stay in the next transaction (a write in the middle of
+    /// changing it, pages still reserved) registers there again.
+    fn store_inode(&mut self, ino: u64, epoch: u64) -> Result<TxSize> {
+        let Some(cell) = self.table.get(ino) else {
+            return Ok(TxSize::default());
         };
-        let mut node = node.clone();
+        let mut node = cell.lock();
+        if node.freed {
+            return Ok(TxSize::default());
+        }
         let extents: Vec<Extent> =
             node.extents.iter().map(|(l, (n, p))| Extent { logical: *l, len: *n, physical: *p }).collect();
         let overflow = extents.len().saturating_sub(f::INLINE_EXTENTS);
         let need = overflow.div_ceil(f::EXTENTS_PER_BLOCK);
+        let (mut grown, mut shrunk) = (0u64, 0u64);
         while node.chain.len() < need {
             let b = self.alloc_meta()?;
             node.chain.push(b);
+            grown += 1;
         }
         while node.chain.len() > need {
             let b = node.chain.pop().expect("non-empty");
             self.free_blocks(b, 1, true)?;
+            shrunk += 1;
         }
-        for (i, blk) in node.chain.iter().enumerate() {
+        for i in 0..node.chain.len() {
             let part = &extents[f::INLINE_EXTENTS + i * f::EXTENTS_PER_BLOCK..];
             let part = &part[..part.len().min(f::EXTENTS_PER_BLOCK)];
             let eb = ExtentBlock { ino, next: node.chain.get(i + 1).copied().unwrap_or(0), extents: part.to_vec() };
-            eb.encode(self.fresh(*blk));
+            eb.encode(self.fresh(node.chain[i]));
         }
         node.d.n_extents = extents.len() as u32;
         node.d.ext_block = node.chain.first().copied().unwrap_or(0);
@@ -642,8 +513,14 @@ impl Meta {
         let (blk, off) = self.inode_slot(ino);
         let b = self.modify(blk)?;
         node.d.encode(ino, &mut b[off..off + f::INODE_SIZE]);
-        self.inodes.insert(ino, node);
-        Ok(())
+        node.data_meta_dirty = false;
+        if node.pins > 0 || !node.reserved.is_empty() {
+            node.register(&self.tx, None);
+        } else if node.tx_epoch == epoch {
+            node.tx_epoch = 0;
+        }
+        let bitmap = self.sb.block_bitmap_blocks;
+        Ok(TxSize::new(need as u64 + grown.min(bitmap) + shrunk.min(bitmap), shrunk))
     }
 
     /// Allocate an inode number and a fresh in-memory inode (stored at commit).
@@ -655,6 +532,13 @@ impl Meta {
         let mut i = self.ihint;
         while bit(&self.iused, i) {
             i = (i + 1) % n;
+        }
+        // The first inode in use in its table block: the block is initialised now
+        // (zeroed in memory, never read), so that mkfs need not zero the table.
+        let per = f::INODES_PER_BLOCK;
+        let first = i / per * per;
+        if (first..(first + per).min(n)).all(|k| !bit(&self.iused, k)) {
+            self.fresh(self.inode_slot(i + 1).0);
         }
         self.iused[(i / 64) as usize] |= 1 << (i % 64);
         self.ifree -= 1;
@@ -674,14 +558,21 @@ impl Meta {
             generation: self.generation_seed,
             ..Default::default()
         };
-        self.inodes.insert(ino, Inode { d, extents: BTreeMap::new(), chain: Vec::new(), reserved: BTreeSet::new() });
-        self.mark_inode_dirty(ino);
+        let cell = Arc::new(InodeCell::new(ino, self.inode_slot(ino).0, Inode { d, ..Default::default() }));
+        self.table.insert(cell.clone());
+        cell.lock().register(&self.tx, None);
         Ok(ino)
     }
 
     /// Release every block of an inode and its number. The caller has dropped its pages.
     pub fn free_inode(&mut self, ino: u64) -> Result<()> {
-        let node = self.inode(ino)?.clone();
+        let node = {
+            let mut g = self.inode(ino)?;
+            g.freed = true;
+            g.clone()
+        };
+        self.table.remove(ino);
+        self.tx.forget(ino);
         let journaled = node.is_dir() || node.kind() == f::S_IFLNK;
         for (_, (len, phys)) in node.extents.iter() {
             self.free_blocks(*phys, *len as u64, journaled)?;
@@ -692,10 +583,7 @@ impl Meta {
         if node.d.xattr_block != 0 {
             self.free_blocks(node.d.xattr_block, 1, true)?;
         }
-        self.reserved -= node.reserved.len() as u64;
-        self.inodes.remove(&ino);
-        self.dirty_inodes.remove(&ino);
-        self.chained.remove(&ino);
+        self.add_reserved(-(node.reserved.len() as i64));
         self.dirs.remove(&ino);
         let (blk, off) = self.inode_slot(ino);
         let b = self.modify(blk)?;
@@ -731,6 +619,7 @@ impl Meta {
                 return Err(Error::not_dir(""));
             }
             let nblocks = node.d.size / BLOCK;
+            drop(node);
             let mut idx =
                 DirIndex { names: HashMap::new(), free: BTreeSet::new(), slots: nblocks * f::DIRENTS_PER_BLOCK as u64 };
             for l in 0..nblocks {
@@ -784,11 +673,13 @@ impl Meta {
                 // Grow the directory by one block.
                 let b = self.alloc_meta()?;
                 f::dir_block_init(dir, self.fresh(b));
-                let node = self.inode(dir)?;
+                let tx = self.tx.clone();
+                let mut node = self.inode(dir)?;
                 let lblk = node.d.size / BLOCK;
                 node.add_mapping(lblk, b, 1);
                 node.d.size += BLOCK;
-                self.mark_inode_dirty(dir);
+                node.register(&tx, None);
+                drop(node);
                 let idx = self.dir(dir)?;
                 let first = idx.slots;
                 idx.slots += f::DIRENTS_PER_BLOCK as u64;
@@ -863,8 +754,7 @@ impl Meta {
             self.inode(ino)?.d.xattr_block = b;
         }
         self.inode(ino)?.d.ctime = now();
-        self.mark_inode_dirty(ino);
-        Ok(())
+        self.mark_inode_dirty(ino)
     }
 
     /// Symlink target or other small journaled payload stored in one block.
@@ -877,46 +767,5 @@ impl Meta {
 
     pub fn read_payload_block(&mut self, b: u64, len: usize) -> Result<Vec<u8>> {
         Ok(self.block(b)?[..len].to_vec())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn node(extents: &[(u32, u32, u64)]) -> Inode {
-        let mut n =
-            Inode { d: DiskInode::default(), extents: BTreeMap::new(), chain: Vec::new(), reserved: BTreeSet::new() };
-        for (l, len, p) in extents {
-            n.extents.insert(*l, (*len, *p));
-        }
-        n
-    }
-
-    #[test]
-    fn unmap_range_splits_extents() {
-        let mut n = node(&[(0, 10, 100), (10, 5, 200), (20, 4, 300)]);
-        let mut freed = n.unmap_range(3, 12);
-        freed.sort();
-        assert_eq!(freed, vec![(103, 7), (200, 2)]);
-        assert_eq!(n.map(2), Some(102));
-        assert_eq!(n.map(3), None);
-        assert_eq!(n.map(11), None);
-        assert_eq!(n.map(12), Some(202));
-        assert_eq!(n.map(21), Some(301));
-        let freed = n.unmap_from(21);
-        assert_eq!(freed, vec![(301, 3)]);
-        assert_eq!(n.data_blocks(), 3 + 3 + 1);
-    }
-
-    #[test]
-    fn add_mapping_merges_contiguous_runs() {
-        let mut n = node(&[]);
-        n.add_mapping(0, 50, 2);
-        n.add_mapping(2, 52, 3);
-        n.add_mapping(5, 90, 1);
-        assert_eq!(n.extents.len(), 2);
-        assert_eq!(n.map(4), Some(54));
-        assert_eq!(n.map(5), Some(90));
     }
 }

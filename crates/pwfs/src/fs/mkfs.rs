@@ -21,6 +21,37 @@ fn now_ns() -> u64 {
 
 /// Format `dev`. Everything on it is lost.
 pub fn mkfs(dev: &dyn Device, opts: &MkfsOptions) -> Result<Superblock> {
+    mkfs_with_progress(dev, opts, &mut |_, _| {})
+}
+
+/// Block-bitmap blocks written per request.
+const BITMAP_BATCH: u64 = 64;
+
+/// Set bits `from..to` of a bitmap block's bytes.
+fn set_bits(b: &mut [u8], from: u64, to: u64) {
+    let mut i = from;
+    while i < to {
+        if i.is_multiple_of(8) && to - i >= 8 {
+            let n = ((to - i) / 8) as usize;
+            b[(i / 8) as usize..(i / 8) as usize + n].fill(0xff);
+            i += n as u64 * 8;
+        } else {
+            b[(i / 8) as usize] |= 1 << (i % 8);
+            i += 1;
+        }
+    }
+}
+
+/// Format `dev`, calling `progress(done, total)` as it goes (in blocks written). What
+/// it writes does not depend on the size of the device beyond its bitmaps: the inode
+/// table is not zeroed (the inode bitmap is authoritative: a table slot is read only
+/// while its bit is set, and the first inode to land in a table block zeroes the rest
+/// of it), so an earlier format's table is never taken for inodes.
+pub fn mkfs_with_progress(
+    dev: &dyn Device,
+    opts: &MkfsOptions,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Superblock> {
     let total = dev.len() / BLOCK;
     if total < 64 {
         return Err(Error::invalid(format!("device too small: {} bytes (need at least 256 KiB)", dev.len())));
@@ -40,7 +71,7 @@ pub fn mkfs(dev: &dyn Device, opts: &MkfsOptions) -> Result<Superblock> {
     };
     let mut uuid = [0u8; 16];
     rand::Rng::fill(&mut rand::thread_rng(), &mut uuid[..]);
-    let sb = Superblock::layout(total, inodes, jblocks, uuid, now_ns())
+    let mut sb = Superblock::layout(total, inodes, jblocks, uuid, now_ns())
         .map_err(|e| Error::invalid(format!("cannot lay out a file system on {total} blocks: {e}")))?;
     let write = |block: u64, bufs: Vec<AlignedBuf>| -> Result<()> {
         for d in dev.submit(vec![Op { kind: OpKind::Write, offset: block * BLOCK, bufs }]) {
@@ -48,35 +79,49 @@ pub fn mkfs(dev: &dyn Device, opts: &MkfsOptions) -> Result<Superblock> {
         }
         Ok(())
     };
-    let zeros = |n: u64| (0..n).map(|_| dev.alloc_zeroed(BLOCK_SIZE)).collect::<Vec<_>>();
-    // Inode table and the first log block: zeroed, so nothing of an earlier format is read.
-    let mut b = sb.inode_table_start;
-    while b < sb.data_start {
-        let n = (sb.data_start - b).min(256);
-        write(b, zeros(n))?;
-        b += n;
-    }
-    write(sb.journal_start + 1, zeros(1))?;
+    // Bitmaps, the root's table block, the journal's header and first log block, the
+    // two superblocks.
+    let work = sb.block_bitmap_blocks + sb.inode_bitmap_blocks + 5;
+    let mut done = 0;
+    progress(done, work);
+    // The first log block: zeroed, so that no log block of an earlier format is read
+    // as the start of a transaction (a fresh start sequence below does the rest).
+    write(sb.journal_start + 1, vec![dev.alloc_zeroed(BLOCK_SIZE)])?;
+    done += 1;
     // Block bitmap: everything outside the data area is in use.
-    for i in 0..sb.block_bitmap_blocks {
-        let mut buf = dev.alloc_zeroed(BLOCK_SIZE);
-        for bit in 0..f::BITS_PER_BITMAP_BLOCK {
-            let blk = i * f::BITS_PER_BITMAP_BLOCK + bit;
-            if blk < sb.data_start || (blk >= sb.data_end && blk < total) {
-                buf[(bit / 8) as usize] |= 1 << (bit % 8);
+    let mut i = 0;
+    while i < sb.block_bitmap_blocks {
+        let n = (sb.block_bitmap_blocks - i).min(BITMAP_BATCH);
+        let bufs = (i..i + n)
+            .map(|i| {
+                let mut buf = dev.alloc_zeroed(BLOCK_SIZE);
+                let first = i * f::BITS_PER_BITMAP_BLOCK;
+                let bits = f::BITS_PER_BITMAP_BLOCK;
+                let local = |blk: u64| blk.clamp(first, first + bits) - first;
+                set_bits(&mut buf, local(0), local(sb.data_start));
+                set_bits(&mut buf, local(sb.data_end), local(total));
+                f::bitmap_seal(&mut buf, i);
+                buf
+            })
+            .collect();
+        write(sb.block_bitmap_start + i, bufs)?;
+        i += n;
+        done += n;
+        progress(done, work);
+    }
+    let bufs = (0..sb.inode_bitmap_blocks)
+        .map(|i| {
+            let mut buf = dev.alloc_zeroed(BLOCK_SIZE);
+            if i == 0 {
+                buf[0] = 1; // the root inode
             }
-        }
-        f::bitmap_seal(&mut buf, i);
-        write(sb.block_bitmap_start + i, vec![buf])?;
-    }
-    for i in 0..sb.inode_bitmap_blocks {
-        let mut buf = dev.alloc_zeroed(BLOCK_SIZE);
-        if i == 0 {
-            buf[0] = 1; // the root inode
-        }
-        f::bitmap_seal(&mut buf, i);
-        write(sb.inode_bitmap_start + i, vec![buf])?;
-    }
+            f::bitmap_seal(&mut buf, i);
+            buf
+        })
+        .collect();
+    write(sb.inode_bitmap_start, bufs)?;
+    done += sb.inode_bitmap_blocks;
+    progress(done, work);
     let t = meta::now();
     let root = f::DiskInode {
         mode: f::S_IFDIR | 0o755,
@@ -88,20 +133,28 @@ pub fn mkfs(dev: &dyn Device, opts: &MkfsOptions) -> Result<Superblock> {
         generation: 1,
         ..Default::default()
     };
+    // The root's table block whole: its other slots are free, and zero.
     let mut buf = dev.alloc_zeroed(BLOCK_SIZE);
     root.encode(f::ROOT_INO, &mut buf[..f::INODE_SIZE]);
     write(sb.inode_table_start, vec![buf])?;
     // A start sequence nobody used before on this medium, so stale log blocks never match.
     let start_seq = (rand::random::<u32>() as u64) << 20 | 1;
     journal::write_header(dev, sb.journal_start, start_seq)?;
+    done += 2;
+    progress(done, work);
+    // The backup never says clean (only the primary's state word is kept up to date),
+    // so that a mount that has to fall back on it checks the image.
     let mut buf = dev.alloc(BLOCK_SIZE);
     sb.encode(&mut buf);
-    let backup = AlignedBuf::from_slice(&buf);
-    write(total - 1, vec![backup])?;
+    write(total - 1, vec![buf])?;
     dev.flush()?;
     // The primary superblock last: until it is written the device is not a pwfs image.
+    sb.clean = true;
+    let mut buf = dev.alloc(BLOCK_SIZE);
+    sb.encode(&mut buf);
     write(0, vec![buf])?;
     dev.flush()?;
+    progress(work, work);
     Ok(sb)
 }
 
@@ -119,7 +172,8 @@ pub fn read_superblock(dev: &dyn Device) -> Result<(Superblock, bool)> {
     let (sb, backup) = match Superblock::decode(&read(0)?) {
         Ok(sb) => (sb, false),
         Err(primary) => match Superblock::decode(&read(total - 1)?) {
-            Ok(sb) if !matches!(primary, f::FormatError::Magic { .. }) => (sb, true),
+            // The backup's state word is never kept up to date: not known clean.
+            Ok(sb) if !matches!(primary, f::FormatError::Magic { .. }) => (Superblock { clean: false, ..sb }, true),
             _ => {
                 return Err(Error::corrupt(match primary {
                     f::FormatError::Magic { .. } => "not a pwfs image (no superblock magic)".to_string(),

@@ -14,9 +14,12 @@
 //! every later change fails with EROFS, so a lost write is never reported as success.
 
 pub mod api;
+pub(crate) mod inode;
 pub(crate) mod meta;
 mod mkfs;
+mod mount;
 mod ops;
+pub(crate) mod tx;
 
 use crate::cache::PageCache;
 use crate::config::{Config, FetchPolicy};
@@ -24,7 +27,6 @@ use crate::device::Device;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::{self as f, Superblock, BLOCK};
 use crate::journal::{self, Journal};
-use crate::lock::LockTable;
 use meta::Meta;
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,7 +34,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 pub use api::{DirEntry, File, FileType, Metadata, OpenOptions, SetAttr, StatFs};
-pub use mkfs::{mkfs, read_superblock, MkfsOptions};
+pub use mkfs::{mkfs, mkfs_with_progress, read_superblock, MkfsOptions};
 
 /// A mounted file system. Cheap to clone; the last handle (open `File`s included)
 /// to go away flushes and empties the journal, as `unmount` does explicitly.
@@ -51,10 +53,17 @@ pub(crate) struct FsInner {
     /// are admitted only while the running transaction, with what they add, fits.
     pub(crate) tx_cap: u64,
     pub(crate) cache: PageCache,
-    pub(crate) locks: LockTable,
+    /// Inodes in memory, reached by the data path without the metadata lock.
+    pub(crate) inodes: Arc<inode::InodeTable>,
+    /// The running transaction's bookkeeping.
+    pub(crate) tx: Arc<tx::Tx>,
     /// Serializes write-back, commit, and block freeing (see `lock` for the order).
     pub(crate) commit_lock: Mutex<()>,
     pub(crate) poisoned: Mutex<Option<String>>,
+    /// The superblock's clean flag on the medium (cleared before the first change).
+    pub(crate) clean: mount::CleanFlag,
+    /// Whether `poisoned` holds a reason (checked on every change without its lock).
+    pub(crate) is_poisoned: std::sync::atomic::AtomicBool,
     /// Stop flag and wake-up of the write-back thread (shared, so that it waits
     /// without keeping the file system alive).
     pub(crate) wake: Arc<(Mutex<bool>, Condvar)>,
@@ -66,9 +75,7 @@ pub(crate) struct FsInner {
     /// Readahead and fetcher threads: joined at shutdown, so that none of them still
     /// holds the file system (and its device, and the image lock) after an unmount.
     pub(crate) helpers: Mutex<Vec<JoinHandle<()>>>,
-    /// Readahead: per file, where its sequential reader is expected next and the
-    /// first page not yet queued for reading ahead; and the background reader's queue.
-    pub(crate) ra_next: Mutex<std::collections::HashMap<u64, (u64, u64)>>,
+    /// The background readers' queue.
     pub(crate) ra_queue: Mutex<Option<std::sync::mpsc::Sender<(u64, u64, u64)>>>,
     /// Readahead requests queued or being read.
     pub(crate) ra_pending: AtomicU64,
@@ -134,17 +141,11 @@ impl Fs {
     pub fn mount_report(dev: Arc<dyn Device>, config: Config) -> Result<(Fs, MountReport)> {
         config.validate()?;
         let (sb, used_backup) = read_superblock(&*dev)?;
-        if config.check_on_mount {
+        if mount::needs_check(&sb, &config) {
             // Before anything is written: a damaged image is refused unchanged.
-            let r = crate::fsck::check(&*dev)?;
-            if !r.is_clean() {
-                let n = r.errors.len();
-                let first = r.errors.iter().take(3).cloned().collect::<Vec<_>>().join("; ");
-                return Err(Error::corrupt(format!(
-                    "image fails its consistency check ({n} problem(s): {first}); run `pwfs fsck` for the full report"
-                )));
-            }
+            mount::check(&*dev)?;
         }
+        let clean = mount::CleanFlag::new(&sb, used_backup, config.read_only);
         let scan = journal::scan(&*dev, &sb)?;
         let mut report = MountReport {
             used_backup_superblock: used_backup,
@@ -154,10 +155,15 @@ impl Fs {
         let preloaded = if config.read_only {
             journal::plan(&scan)
         } else {
+            if !scan.transactions.is_empty() {
+                clean.before_change(&*dev, &sb)?;
+            }
             report.blocks_replayed = journal::replay(&*dev, &sb, &scan)?;
             Default::default()
         };
-        let meta = Meta::load(sb.clone(), dev.clone(), preloaded)?;
+        let inodes = Arc::new(inode::InodeTable::default());
+        let tx = Arc::new(tx::Tx::new(sb.block_bitmap_blocks));
+        let meta = Meta::load(sb.clone(), dev.clone(), preloaded, inodes.clone(), tx.clone())?;
         let journal = Journal::new(&sb, scan.next_seq());
         let inner = Arc::new(FsInner {
             tx_cap: journal.capacity(),
@@ -166,15 +172,17 @@ impl Fs {
             dev,
             sb,
             meta: Mutex::new(meta),
-            locks: LockTable::default(),
+            inodes,
+            tx,
             commit_lock: Mutex::new(()),
             poisoned: Mutex::new(None),
+            clean,
+            is_poisoned: Default::default(),
             wake: Arc::new((Mutex::new(false), Condvar::new())),
             kick: Default::default(),
             throttle: (Mutex::new(()), Condvar::new()),
             thread: Mutex::new(None),
             helpers: Mutex::new(Vec::new()),
-            ra_next: Mutex::new(Default::default()),
             ra_queue: Mutex::new(None),
             ra_pending: AtomicU64::new(0),
             fetch_queue: Mutex::new(None),
@@ -187,7 +195,9 @@ impl Fs {
             return Err(Error::corrupt("root inode is not a directory"));
         }
         if !inner.config.read_only {
-            report.orphans_freed = inner.free_orphans()?;
+            if mount::needs_orphan_scan(&inner.sb, &inner.config) {
+                report.orphans_freed = inner.free_orphans()?;
+            }
             inner.commit()?;
         }
         if let Some(every) = inner.config.writeback_interval.filter(|_| !inner.config.read_only) {
@@ -303,12 +313,22 @@ impl Drop for FsInner {
 }
 
 impl FsInner {
+    /// The inode's cell: from the table, or loaded under the metadata lock.
+    pub fn cell(&self, ino: u64) -> Result<Arc<inode::InodeCell>> {
+        match self.inodes.get(ino) {
+            Some(cell) => Ok(cell),
+            None => self.meta.lock().cell(ino),
+        }
+    }
+
     pub fn check_writable(&self) -> Result<()> {
         if self.config.read_only {
             return Err(Error::read_only("mounted read-only"));
         }
-        if let Some(why) = &*self.poisoned.lock() {
-            return Err(Error::read_only(format!("file system is read-only after an I/O error: {why}")));
+        if self.is_poisoned.load(Ordering::Acquire) {
+            if let Some(why) = &*self.poisoned.lock() {
+                return Err(Error::read_only(format!("file system is read-only after an I/O error: {why}")));
+            }
         }
         Ok(())
     }
@@ -319,6 +339,7 @@ impl FsInner {
         if p.is_none() {
             tracing::error!(device = self.dev.name(), "file system turns read-only: {e}");
             *p = Some(e.to_string());
+            self.is_poisoned.store(true, Ordering::Release);
         }
         if e.kind == ErrorKind::NoSpace {
             return e;
@@ -350,7 +371,16 @@ impl FsInner {
         let _c = self.commit_lock.lock();
         let r = self.journal.lock().checkpoint(&*self.dev);
         r.map_err(|e| self.poison(e))?;
-        self.meta.lock().pinned.clear();
+        let orphans = {
+            let mut m = self.meta.lock();
+            m.pinned.clear();
+            let open: Vec<u64> = m.open.keys().copied().collect();
+            !m.to_free.is_empty() || open.into_iter().any(|ino| m.inode(ino).map_or(true, |n| n.d.nlink == 0))
+        };
+        if !orphans {
+            // Journal empty, everything durable, no orphan: the next mount may trust it.
+            self.clean.set_after_unmount(&*self.dev, &self.sb).map_err(|e| self.poison(e))?;
+        }
         Ok(())
     }
 

@@ -4,12 +4,14 @@
 //! (noatime). See docs/DECISIONS.md.
 
 use super::api::{DirEntry, FileType, Metadata, SetAttr, StatFs, TimeSet};
+use super::inode::{Inode, InodeCell};
 use super::meta::{ftype_of, now, Meta, TxSize};
 use super::{Fs, FsInner};
 use crate::cache::PageState;
 use crate::commit::{entry_cost, Need};
 use crate::error::{Error, Result};
 use crate::format::{self as f, BLOCK, BLOCK_SIZE};
+use crate::readahead::RaState;
 
 /// ext4's limit; beyond it link() and mkdir() fail with EMLINK.
 pub const LINK_MAX: u32 = 65000;
@@ -40,7 +42,7 @@ fn is_dot(name: &[u8]) -> bool {
     name == b"." || name == b".."
 }
 
-pub(crate) fn attr(ino: u64, node: &super::meta::Inode) -> Metadata {
+pub(crate) fn attr(ino: u64, node: &Inode) -> Metadata {
     let d = &node.d;
     Metadata {
         ino,
@@ -65,35 +67,40 @@ pub(crate) fn attr(ino: u64, node: &super::meta::Inode) -> Metadata {
     }
 }
 
-impl FsInner {}
-
 impl Fs {
     fn meta(&self) -> parking_lot::MutexGuard<'_, Meta> {
         self.inner.meta.lock()
     }
 
+    /// Attributes, from the inode alone (no metadata lock once it is in memory).
     pub fn getattr(&self, ino: u64) -> Result<Metadata> {
-        let mut m = self.meta();
-        let node = m.inode(ino)?;
-        Ok(attr(ino, node))
+        let cell = self.inner.cell(ino)?;
+        let node = cell.lock();
+        if node.freed {
+            return Err(Error::not_found(format!("inode {ino} is not in use")));
+        }
+        Ok(attr(ino, &node))
     }
 
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Metadata> {
-        let mut m = self.meta();
-        let p = m.inode(parent)?;
-        if !p.is_dir() {
-            return Err(Error::not_dir(""));
-        }
-        let ino = match name {
-            b"." => parent,
-            b".." => p.d.parent,
-            _ => {
-                check_name(name)?;
-                m.lookup(parent, name)?.ok_or_else(|| Error::not_found(""))?.0
+        let ino = {
+            let mut m = self.meta();
+            let p = m.inode(parent)?;
+            if !p.is_dir() {
+                return Err(Error::not_dir(""));
+            }
+            let dotdot = p.d.parent;
+            drop(p);
+            match name {
+                b"." => parent,
+                b".." => dotdot,
+                _ => {
+                    check_name(name)?;
+                    m.lookup(parent, name)?.ok_or_else(|| Error::not_found(""))?.0
+                }
             }
         };
-        let node = m.inode(ino)?;
-        Ok(attr(ino, node))
+        self.getattr(ino)
     }
 
     /// `name` can be added to `parent`: a valid name, in a live directory, not taken.
@@ -106,6 +113,7 @@ impl Fs {
         if p.d.nlink == 0 {
             return Err(Error::not_found("directory was removed"));
         }
+        drop(p);
         if is_dot(name) || m.lookup(parent, name)?.is_some() {
             return Err(Error::exists(""));
         }
@@ -143,12 +151,13 @@ impl Fs {
             Ok((Need { tx: tx.plus(entry_cost(grow)), blocks, inode: true }, ()))
         })?;
         let ino = self.inner.mutate(&mut m, |m| {
+            let tx = m.tx.clone();
             let ino = m.new_inode(mode, uid, gid)?;
             let payload = match target {
                 Some(t) if t.len() > f::INLINE_MAX => Some(m.write_payload_block(t)?),
                 _ => None,
             };
-            let node = m.inode(ino)?;
+            let mut node = m.inode(ino)?;
             node.d.nlink = if is_dir { 2 } else { 1 };
             node.d.rdev = rdev;
             if is_dir {
@@ -164,18 +173,20 @@ impl Fs {
                     }
                 }
             }
+            node.register(&tx, None);
+            drop(node);
             m.dir_add(parent, name, ino, ftype_of(mode))?;
             let t = now();
-            let p = m.inode(parent)?;
+            let mut p = m.inode(parent)?;
             p.d.mtime = t;
             p.d.ctime = t;
             if is_dir {
                 p.d.nlink += 1;
             }
-            m.mark_inode_dirty(parent);
+            p.register(&tx, None);
             Ok(ino)
         })?;
-        let md = attr(ino, m.inode(ino)?);
+        let md = attr(ino, &*m.inode(ino)?);
         drop(m);
         self.inner.maybe_commit()?;
         Ok(md)
@@ -215,6 +226,7 @@ impl Fs {
             return Ok(node.d.inline.clone());
         }
         let (len, b) = (node.d.size as usize, node.map(0).ok_or_else(|| Error::corrupt("symlink without a block"))?);
+        drop(node);
         if len > f::SYMLINK_MAX {
             return Err(Error::corrupt("symlink target too long"));
         }
@@ -236,6 +248,7 @@ impl Fs {
                 return Err(Error::not_found("file was removed"));
             }
             let mode = node.d.mode;
+            drop(node);
             let grow = m.dir(parent)?.free.is_empty();
             let tx = m.inode_cost(parent, grow as u64)?.plus(m.inode_cost(ino, 0)?).plus(entry_cost(grow));
             Ok((Need { tx, blocks: grow as u64, inode: false }, mode))
@@ -243,17 +256,16 @@ impl Fs {
         self.inner.mutate(&mut m, |m| {
             m.dir_add(parent, name, ino, ftype_of(mode))?;
             let t = now();
-            let node = m.inode(ino)?;
-            node.d.nlink += 1;
-            node.d.ctime = t;
-            m.mark_inode_dirty(ino);
-            let p = m.inode(parent)?;
-            p.d.mtime = t;
-            p.d.ctime = t;
-            m.mark_inode_dirty(parent);
-            Ok(())
+            m.update(ino, |node| {
+                node.d.nlink += 1;
+                node.d.ctime = t;
+            })?;
+            m.update(parent, |p| {
+                p.d.mtime = t;
+                p.d.ctime = t;
+            })
         })?;
-        let md = attr(ino, m.inode(ino)?);
+        let md = attr(ino, &*m.inode(ino)?);
         drop(m);
         self.inner.maybe_commit()?;
         Ok(md)
@@ -261,11 +273,11 @@ impl Fs {
 
     /// Drop one link of `ino`; free it once no name and no handle is left.
     fn drop_link(m: &mut Meta, ino: u64, is_dir: bool) -> Result<()> {
-        let node = m.inode(ino)?;
-        node.d.nlink = if is_dir { 0 } else { node.d.nlink - 1 };
-        node.d.ctime = now();
-        let gone = node.d.nlink == 0;
-        m.mark_inode_dirty(ino);
+        let gone = m.update(ino, |node| {
+            node.d.nlink = if is_dir { 0 } else { node.d.nlink - 1 };
+            node.d.ctime = now();
+            node.d.nlink == 0
+        })?;
         if gone && m.open.get(&ino).copied().unwrap_or(0) == 0 {
             m.to_free.insert(ino);
         }
@@ -299,13 +311,13 @@ impl Fs {
         self.inner.mutate(&mut m, |m| {
             m.dir_remove(parent, name)?;
             let t = now();
-            let p = m.inode(parent)?;
-            p.d.mtime = t;
-            p.d.ctime = t;
-            if is_dir {
-                p.d.nlink -= 1;
-            }
-            m.mark_inode_dirty(parent);
+            m.update(parent, |p| {
+                p.d.mtime = t;
+                p.d.ctime = t;
+                if is_dir {
+                    p.d.nlink -= 1;
+                }
+            })?;
             Self::drop_link(m, ino, is_dir)
         })?;
         drop(m);
@@ -391,14 +403,12 @@ impl Fs {
                 m.inode(src)?.d.parent = dp;
             }
             for ino in [sp, dp] {
-                let n = m.inode(ino)?;
-                n.d.mtime = t;
-                n.d.ctime = t;
-                m.mark_inode_dirty(ino);
+                m.update(ino, |n| {
+                    n.d.mtime = t;
+                    n.d.ctime = t;
+                })?;
             }
-            m.inode(src)?.d.ctime = t;
-            m.mark_inode_dirty(src);
-            Ok(())
+            m.update(src, |n| n.d.ctime = t)
         })?;
         drop(m);
         self.inner.maybe_commit()
@@ -413,6 +423,7 @@ impl Fs {
             return Err(Error::not_dir(""));
         }
         let parent = node.d.parent;
+        drop(node);
         let mut out = Vec::new();
         if offset == 0 {
             out.push(DirEntry { ino, kind: FileType::Directory, name: b".".to_vec(), next: 1 });
@@ -462,7 +473,8 @@ impl Fs {
             self.truncate(ino, size)?;
         }
         let (mut m, ()) = self.inner.admitted(|m| Ok((Need::tx(m.inode_cost(ino, 0)?), ())))?;
-        let node = m.inode(ino)?;
+        let tx = m.tx.clone();
+        let mut node = m.inode(ino)?;
         let t = now();
         if let Some(mode) = set.mode {
             node.d.mode = (node.d.mode & f::S_IFMT) | (mode & 0o7777);
@@ -486,8 +498,9 @@ impl Fs {
         if set.mode.is_some() || set.uid.is_some() || set.gid.is_some() || set.atime.is_some() || set.mtime.is_some() {
             node.d.ctime = set.ctime.unwrap_or(t);
         }
-        let md = attr(ino, node);
-        m.mark_inode_dirty(ino);
+        let md = attr(ino, &node);
+        node.register(&tx, None);
+        drop(node);
         drop(m);
         self.inner.maybe_commit()?;
         Ok(md)
@@ -577,7 +590,7 @@ impl Fs {
     /// Note an open handle (an unlinked inode lives until the last one is released).
     pub fn open_ino(&self, ino: u64) -> Result<Metadata> {
         let mut m = self.meta();
-        let md = attr(ino, m.inode(ino)?);
+        let md = attr(ino, &*m.inode(ino)?);
         *m.open.entry(ino).or_insert(0) += 1;
         Ok(md)
     }
@@ -598,23 +611,32 @@ impl Fs {
 
     /// Read up to `buf.len()` bytes at `offset`; returns the count (0 at EOF).
     pub fn read(&self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<usize> {
-        let _g = self.inner.locks.read(ino);
-        let size = {
-            let mut m = self.meta();
-            let node = m.inode(ino)?;
-            if node.is_dir() {
-                return Err(Error::is_dir(""));
-            }
-            node.d.size
-        };
+        let cell = self.inner.cell(ino)?;
+        self.read_cell(&cell, &cell.ra, offset, buf)
+    }
+
+    /// `read` of a cell the caller holds, with its readahead state (a file handle's,
+    /// or the inode's). A cached read takes no lock another reader of the file takes,
+    /// but for a shard of the file's access lock.
+    pub(crate) fn read_cell(&self, cell: &InodeCell, ra: &RaState, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let ino = cell.ino;
+        let _g = cell.io.read();
+        if cell.freed() {
+            return Err(Error::not_found(format!("inode {ino} is not in use")));
+        }
+        if cell.is_dir() {
+            return Err(Error::is_dir(""));
+        }
+        let size = cell.size();
         if offset >= size || buf.is_empty() {
             return Ok(0);
         }
         let len = (buf.len() as u64).min(size - offset) as usize;
         let (first, last) = (offset / BLOCK, (offset + len as u64 - 1) / BLOCK);
-        self.inner.readahead(ino, offset, len as u64, size);
+        self.inner.readahead(ino, ra, offset, len as u64, size);
         let mut pages = Vec::with_capacity((last - first + 1) as usize);
         let mut missing = Vec::new();
+        cell.note_pages(last + 1);
         for (p, new) in self.inner.cache.get_or_insert_range(ino, first, last - first + 1) {
             if new {
                 missing.push(p.clone());
@@ -651,44 +673,22 @@ impl Fs {
     /// Write `data` at `offset` (or at the end of file when `append`); returns the
     /// offset written at.
     pub fn write(&self, ino: u64, offset: u64, data: &[u8], append: bool) -> Result<u64> {
+        let cell = self.inner.cell(ino)?;
+        self.write_cell(&cell, offset, data, append)
+    }
+
+    /// `write` of a cell the caller holds.
+    pub(crate) fn write_cell(&self, cell: &InodeCell, offset: u64, data: &[u8], append: bool) -> Result<u64> {
+        let ino = cell.ino;
         self.inner.check_writable()?;
-        let _g = self.inner.locks.write(ino);
-        let (mut m, (size, offset, end, need)) = self.inner.admitted(|m| {
-            let node = m.inode(ino)?;
-            if node.is_dir() {
-                return Err(Error::is_dir(""));
-            }
-            let size = node.d.size;
-            let offset = if append { size } else { offset };
-            let end = offset.checked_add(data.len() as u64).filter(|e| *e <= f::MAX_FILE_SIZE);
-            let end = end.ok_or_else(|| Error::file_too_big(""))?;
-            if data.is_empty() {
-                return Ok((Need::tx(TxSize::default()), (size, offset, end, Vec::new())));
-            }
-            let (first, last) = (offset / BLOCK, (end - 1) / BLOCK);
-            // Pages that have no block yet get space reserved (delayed allocation).
-            let need: Vec<u64> =
-                (first..=last).filter(|i| node.map(*i).is_none() && !node.reserved.contains(i)).collect();
-            let n = need.len() as u64;
-            // The inode, with an extent per new page at worst, and the bitmap blocks
-            // that write-back changes to allocate them.
-            let tx = m.inode_cost(ino, n)?.plus(TxSize::new(n.min(m.sb.block_bitmap_blocks), 0));
-            Ok((Need { tx, blocks: n, inode: false }, (size, offset, end, need)))
-        })?;
+        let _g = cell.io.write();
+        let (size, offset, end) = self.begin_write(cell, offset, data.len() as u64, append)?;
         if data.is_empty() {
             return Ok(offset);
         }
         let (first, last) = (offset / BLOCK, (end - 1) / BLOCK);
-        if !need.is_empty() {
-            let n = need.len() as u64;
-            let node = m.inode(ino)?;
-            node.reserved.extend(need);
-            m.reserved += n;
-            // The reservation is part of what the running transaction will hold.
-            m.mark_inode_dirty(ino);
-        }
-        drop(m);
         let mut copied = 0usize;
+        cell.note_pages(last + 1);
         let pages = self.inner.cache.get_or_insert_range(ino, first, last - first + 1);
         let mut result = Ok(());
         let mut dirtied = first;
@@ -786,17 +786,23 @@ impl Fs {
         // The size covers what was copied before the pages go to write-back, which
         // takes a dirty page past the end of file for a truncated one and skips it.
         let copied_end = offset + copied as u64;
-        if copied > 0 {
-            let mut m = self.meta();
-            let node = m.inode(ino)?;
-            let grew = copied_end > node.d.size;
-            node.d.size = node.d.size.max(copied_end);
-            let t = now();
-            node.d.mtime = t;
-            node.d.ctime = t;
-            m.mark_inode_dirty(ino);
-            if grew {
-                m.data_meta_dirty.insert(ino);
+        {
+            let mut node = cell.lock();
+            node.pins -= 1;
+            if copied > 0 {
+                if copied_end > node.d.size {
+                    node.d.size = copied_end;
+                    node.data_meta_dirty = true;
+                }
+                let t = now();
+                node.d.mtime = t;
+                node.d.ctime = t;
+                // Registered when the write began; a commit since then kept it
+                // registered for the next transaction (it was pinned), unless that
+                // commit is storing it right now.
+                if node.tx_epoch != self.inner.tx.epoch() {
+                    node.register(&self.inner.tx, None);
+                }
             }
         }
         // Every page changed so far goes to write-back, even when a later one failed.
@@ -807,14 +813,79 @@ impl Fs {
         Ok(offset)
     }
 
+    /// Admit a write of `len` bytes: check it, reserve space for pages that have no
+    /// block yet (delayed allocation), and pin the inode in the running transaction
+    /// with room for what the write changes (the caller unpins it when done). A write
+    /// within allocated blocks takes only the inode's lock (and the transaction's the
+    /// first time the inode changes in it); one that reserves space takes the
+    /// metadata lock too. Returns the size before, the offset (end of file when
+    /// `append`) and the end of the write.
+    fn begin_write(&self, cell: &InodeCell, offset: u64, len: u64, append: bool) -> Result<(u64, u64, u64)> {
+        let ino = cell.ino;
+        let check = |node: &Inode| -> Result<(u64, u64, u64, Vec<u64>)> {
+            if node.freed {
+                return Err(Error::not_found(format!("inode {ino} is not in use")));
+            }
+            if node.is_dir() {
+                return Err(Error::is_dir(""));
+            }
+            let size = node.d.size;
+            let offset = if append { size } else { offset };
+            let end = offset.checked_add(len).filter(|e| *e <= f::MAX_FILE_SIZE);
+            let end = end.ok_or_else(|| Error::file_too_big(""))?;
+            if len == 0 {
+                return Ok((size, offset, end, Vec::new()));
+            }
+            let (first, last) = (offset / BLOCK, (end - 1) / BLOCK);
+            let need = (first..=last).filter(|i| node.map(*i).is_none() && !node.reserved.contains(i)).collect();
+            Ok((size, offset, end, need))
+        };
+        loop {
+            let mut node = cell.lock();
+            let (size, offset, end, need) = check(&node)?;
+            if len == 0 {
+                return Ok((size, offset, end));
+            }
+            if need.is_empty() {
+                if node.register(&self.inner.tx, Some(self.inner.tx_room())) {
+                    node.pins += 1;
+                    return Ok((size, offset, end));
+                }
+                drop(node);
+                self.inner.commit()?;
+                continue;
+            }
+            drop(node);
+            // Space to reserve: under the metadata lock, with room promised for the
+            // inode (an extent per new page at worst) and the bitmap blocks that
+            // write-back changes to allocate them.
+            let (mut m, ()) = self.inner.admitted(|m| {
+                let n = check(&*m.inode(ino)?)?.3.len() as u64;
+                let tx = m.inode_cost(ino, n)?.plus(TxSize::new(n.min(m.sb.block_bitmap_blocks), 0));
+                Ok((Need { tx, blocks: n, inode: false }, ()))
+            })?;
+            let tx = m.tx.clone();
+            let mut node = m.inode(ino)?;
+            let (size, offset, end, need) = check(&node)?;
+            let n = need.len() as u64;
+            node.reserved.extend(need);
+            node.pins += 1;
+            node.register(&tx, None);
+            drop(node);
+            m.add_reserved(n as i64);
+            return Ok((size, offset, end));
+        }
+    }
+
     /// Set the size: drop or zero what lies past it, or extend with a hole.
     pub fn truncate(&self, ino: u64, size: u64) -> Result<()> {
         self.inner.check_writable()?;
         if size > f::MAX_FILE_SIZE {
             return Err(Error::file_too_big(""));
         }
-        let _g = self.inner.locks.write(ino);
-        let (mut m, (old, credits)) = self.inner.admitted(|m| {
+        let cell = self.inner.cell(ino)?;
+        let _g = cell.io.write();
+        let (m, old) = self.inner.admitted(|m| {
             let node = m.inode(ino)?;
             if node.is_dir() {
                 return Err(Error::is_dir(""));
@@ -826,31 +897,32 @@ impl Fs {
             // The inode (its tail page may move: one more extent, one more bitmap
             // block) and the bitmap blocks of what is cut off.
             let keep = size.div_ceil(BLOCK);
-            let tx = m.inode_cost(ino, 1)?.plus(TxSize::new(1 + m.unmap_cost(ino, keep.saturating_sub(1))?, 0));
-            Ok((Need::tx(tx), (old, tx)))
+            let unmap = m.unmap_cost(&node, keep.saturating_sub(1));
+            drop(node);
+            let tx = m.inode_cost(ino, 1)?.plus(TxSize::new(1 + unmap, 0));
+            Ok((Need::tx(tx), old))
         })?;
         // Promised until the change is made: the pages are dealt with first, without
         // the metadata lock.
-        m.credits = m.credits.plus(credits);
-        drop(m);
-        let r = self.truncate_admitted(ino, size, old);
-        let mut m = self.meta();
-        m.credits = m.credits.minus(credits);
-        drop(m);
+        let credit = m.keep_credit();
+        let r = self.truncate_admitted(&cell, size, old);
+        drop(credit);
         r?;
         drop(_g);
         self.inner.maybe_commit()
     }
 
     /// The truncate, admitted: room in the transaction is promised to it.
-    fn truncate_admitted(&self, ino: u64, size: u64, old: u64) -> Result<()> {
+    fn truncate_admitted(&self, cell: &InodeCell, size: u64, old: u64) -> Result<()> {
+        let ino = cell.ino;
         if size < old {
             let keep = size.div_ceil(BLOCK);
-            let dropped = self.inner.cache.drop_from(ino, keep);
+            let dropped = self.inner.cache.drop_from(ino, keep, cell.pages_end());
             self.inner.forget_pages(dropped);
             // Bytes past EOF in the last block stay zero on disk and in cache.
             if !size.is_multiple_of(BLOCK) {
                 let idx = size / BLOCK;
+                cell.note_pages(idx + 1);
                 let (p, new) = self.inner.cache.get_or_insert((ino, idx));
                 if new {
                     self.inner.fetch(ino, vec![p.clone()])?;
@@ -876,19 +948,21 @@ impl Fs {
             // unless the device is too full for that.
             let tail = !size.is_multiple_of(BLOCK) && m.available() > FsInner::meta_reserve(&m);
             self.inner.mutate(&mut m, |m| {
-                let node = m.inode(ino)?;
+                let mut node = m.inode(ino)?;
                 let mut freed = node.unmap_from(keep);
+                let mut reserved = 0i64;
                 if tail && node.map(keep - 1).is_some() {
                     freed.extend(node.unmap_range(keep - 1, keep));
                     node.reserved.insert(keep - 1);
-                    m.reserved += 1;
+                    reserved += 1;
                 }
-                let node = m.inode(ino)?;
                 let dropped: Vec<u64> = node.reserved.range(keep..).copied().collect();
                 for i in &dropped {
                     node.reserved.remove(i);
                 }
-                m.reserved -= dropped.len() as u64;
+                reserved -= dropped.len() as i64;
+                drop(node);
+                m.add_reserved(reserved);
                 for (b, n) in freed {
                     m.free_blocks(b, n, false)?;
                 }
@@ -896,14 +970,13 @@ impl Fs {
             })?;
         }
         let mut m = self.meta();
-        let node = m.inode(ino)?;
-        node.d.size = size;
-        let t = now();
-        node.d.mtime = t;
-        node.d.ctime = t;
-        m.mark_inode_dirty(ino);
-        m.data_meta_dirty.insert(ino);
-        Ok(())
+        m.update(ino, |node| {
+            node.d.size = size;
+            let t = now();
+            node.d.mtime = t;
+            node.d.ctime = t;
+            node.data_meta_dirty = true;
+        })
     }
 
     /// fsync/fdatasync: every write before it is durable when it returns.
@@ -942,7 +1015,7 @@ impl Fs {
         self.inner.check_writable()?;
         let _c = self.inner.commit_lock.lock();
         self.inner.writeback_locked()?;
-        if self.meta().data_meta_dirty.contains(&ino) {
+        if self.inner.cell(ino)?.lock().data_meta_dirty {
             return self.inner.commit_locked();
         }
         self.inner.dev.flush().map_err(|e| self.inner.poison(e.into()))

@@ -1,0 +1,94 @@
+//! mount: what a mount checks before it trusts an image, and the clean flag.
+//!
+//! The superblock's state word says whether the image was unmounted cleanly: the
+//! journal empty, no orphan (an inode allocated with no name), nothing written since.
+//! `mkfs` writes it clean. A writable mount clears it on the medium before its first
+//! change (`CleanFlag::before_change`), and a clean unmount sets it again after its
+//! final checkpoint (`CleanFlag::set_after_unmount`). A mount of an image that is not
+//! known clean runs the full check (unless told never to) and the orphan scan; a mount
+//! of a clean one does neither, so it costs the bitmaps, not the size of the image.
+//! Metadata checksums are verified as blocks are read either way.
+//!
+//! Only the primary superblock's state word is written: it lies outside the checksum,
+//! so the rest of the block is rewritten byte for byte and a torn write leaves either
+//! state. A mount that had to use the backup superblock never writes one.
+
+use crate::config::{Config, MountCheck};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::format::{Superblock, BLOCK_SIZE};
+use parking_lot::Mutex;
+
+/// Whether a mount of the image `sb` describes runs the full check first.
+pub(crate) fn needs_check(sb: &Superblock, config: &Config) -> bool {
+    match config.check_on_mount {
+        MountCheck::Always => true,
+        MountCheck::IfNotClean => !sb.clean,
+        MountCheck::Never => false,
+    }
+}
+
+/// Whether a writable mount looks for orphans: only a clean unmount guarantees none.
+pub(crate) fn needs_orphan_scan(sb: &Superblock, config: &Config) -> bool {
+    !sb.clean || config.check_on_mount == MountCheck::Always
+}
+
+/// The full check, before anything is written: an image that fails it is refused
+/// unchanged.
+pub(crate) fn check(dev: &dyn Device) -> Result<()> {
+    let r = crate::fsck::check(dev)?;
+    if !r.is_clean() {
+        let n = r.errors.len();
+        let first = r.errors.iter().take(3).cloned().collect::<Vec<_>>().join("; ");
+        return Err(Error::corrupt(format!(
+            "image fails its consistency check ({n} problem(s): {first}); run `pwfs fsck` for the full report"
+        )));
+    }
+    Ok(())
+}
+
+/// Write the primary superblock with the state word saying `clean` or not, and flush.
+pub(crate) fn set_clean(dev: &dyn Device, sb: &Superblock, clean: bool) -> Result<()> {
+    let mut buf = dev.alloc(BLOCK_SIZE);
+    Superblock { clean, ..sb.clone() }.encode(&mut buf);
+    let (_, r) = dev.write(0, buf);
+    r?;
+    dev.flush()?;
+    Ok(())
+}
+
+/// What the medium's state word says, for a writable mount.
+pub(crate) struct CleanFlag {
+    /// The state word on the medium says clean.
+    on_disk: Mutex<bool>,
+    /// Whether this mount may write the superblock at all (writable, primary intact).
+    writes: bool,
+}
+
+impl CleanFlag {
+    pub(crate) fn new(sb: &Superblock, used_backup: bool, read_only: bool) -> CleanFlag {
+        CleanFlag { on_disk: Mutex::new(sb.clean && !used_backup), writes: !used_backup && !read_only }
+    }
+
+    /// Call before anything that changes metadata on the medium (journal replay, a
+    /// commit): clears the state word once, durably, if it says clean.
+    pub(crate) fn before_change(&self, dev: &dyn Device, sb: &Superblock) -> Result<()> {
+        let mut on = self.on_disk.lock();
+        if *on && self.writes {
+            set_clean(dev, sb, false)?;
+            *on = false;
+        }
+        Ok(())
+    }
+
+    /// After the final checkpoint of an unmount that left no orphan: the journal is
+    /// empty and everything is durable, so the next mount may trust the image.
+    pub(crate) fn set_after_unmount(&self, dev: &dyn Device, sb: &Superblock) -> Result<()> {
+        let mut on = self.on_disk.lock();
+        if !*on && self.writes {
+            set_clean(dev, sb, true)?;
+            *on = true;
+        }
+        Ok(())
+    }
+}
