@@ -28,6 +28,20 @@ struct Model {
     interim: BTreeMap<u64, Vec<Vec<u8>>>,
 }
 
+/// Position-encoded contents: every aligned 8 bytes of a file carry the file's id,
+/// their offset and the version of the write that put them there, so that a block
+/// read back from the wrong place (another file, another offset, a stale copy) never
+/// matches, even where a byte pattern would.
+fn word(id: u64, offset: u64, version: u64) -> [u8; 8] {
+    let w = (id & 0xffff) << 48 | ((offset / 8) & 0xffff_ffff) << 16 | (version & 0xffff) | 1 << 15;
+    w.to_le_bytes()
+}
+
+/// The bytes a write of `len` bytes at `off` of file `id` carries, as version `version`.
+fn encoded(id: u64, off: u64, len: usize, version: u64) -> Vec<u8> {
+    (off..off + len as u64).map(|p| word(id, p & !7, version)[(p & 7) as usize]).collect()
+}
+
 fn pick<'a>(rng: &mut SmallRng, v: &'a [String]) -> Option<&'a String> {
     (!v.is_empty()).then(|| &v[rng.gen_range(0..v.len())])
 }
@@ -57,8 +71,7 @@ fn workload(fs: &Fs, dev: &SimDevice, seed: u64, steps: usize) -> Vec<(usize, Mo
                 let dir = pick(&mut rng, &dirs).unwrap().clone();
                 let path = format!("{dir}/f{step}");
                 let len = [0, 100, 4096, 5000, 20_000, 70_000][rng.gen_range(0..6)];
-                let byte = rng.gen::<u8>();
-                let content = vec![byte; len];
+                let content = encoded(next_id + 1, 0, len, step as u64 + 1);
                 // Two operations, each of which may commit at its end.
                 let f = fs.create(&path).unwrap();
                 next_id += 1;
@@ -81,14 +94,14 @@ fn workload(fs: &Fs, dev: &SimDevice, seed: u64, steps: usize) -> Vec<(usize, Mo
                 let content = m.data.get_mut(&id).unwrap();
                 let off = rng.gen_range(0..=content.len() + 5000) as u64;
                 let len = rng.gen_range(1..9000);
-                let byte = rng.gen::<u8>();
+                let bytes = encoded(id, off, len, step as u64 + 1);
                 let f = pwfs::OpenOptions::new().write(true).open(fs, &path).unwrap();
-                f.write_at(&vec![byte; len], off).unwrap();
+                f.write_at(&bytes, off).unwrap();
                 let end = off as usize + len;
                 if content.len() < end {
                     content.resize(end, 0);
                 }
-                content[off as usize..end].fill(byte);
+                content[off as usize..end].copy_from_slice(&bytes);
                 interim.entry(id).or_default().push(content.clone());
             }
             45..=54 => {
