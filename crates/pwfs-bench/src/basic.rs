@@ -334,6 +334,7 @@ mod tests {
     /// The smoke run completes and fills every cell it should; benchmarks cannot rot.
     #[test]
     fn smoke_run_fills_the_table() {
+        let _one_at_a_time = crate::smoke_lock();
         let dir = std::env::temp_dir().join(format!("pwfs-bench-smoke-{}", std::process::id()));
         let r = run(&Opts::smoke(dir.clone()), &mut |_| {}).unwrap();
         r.check_filled().unwrap();

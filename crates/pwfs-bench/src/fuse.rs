@@ -269,6 +269,7 @@ mod tests {
     /// The smoke run completes (as root with /dev/fuse; elsewhere it says so).
     #[test]
     fn smoke_run_fills_the_table() {
+        let _one_at_a_time = crate::smoke_lock();
         if !pwfs_fuse::can_mount() {
             eprintln!("skipping: needs root and /dev/fuse");
             return;

@@ -83,3 +83,13 @@ pub fn shuffled_pages(n: u64, take: usize, seed: u64) -> Vec<u64> {
     v.truncate(take);
     v
 }
+
+/// The smoke tests run one at a time: they mount images while others fork programs
+/// (git, tar), and a child between fork and exec holds a copy of every descriptor,
+/// the image's locked one included, so that the next mount of that image can find it
+/// "in use" for a moment. (The tests also measure less noisily alone.)
+#[cfg(test)]
+pub(crate) fn smoke_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -539,6 +539,7 @@ mod tests {
     /// The smoke run fills every cell and writes a plot.
     #[test]
     fn smoke_run_fills_the_table() {
+        let _one_at_a_time = crate::smoke_lock();
         let dir = std::env::temp_dir().join(format!("pwfs-bench-nbw-{}", std::process::id()));
         let (r, svg) = run(&Opts::smoke(dir.clone()), &mut |_| {}).unwrap();
         let fuse = usize::from(pwfs_fuse::can_mount());
@@ -561,6 +562,7 @@ mod tests {
     /// `--only` runs the parts named and nothing else; an unknown part is refused.
     #[test]
     fn only_runs_the_parts_named() {
+        let _one_at_a_time = crate::smoke_lock();
         let dir = std::env::temp_dir().join(format!("pwfs-bench-nbw-only-{}", std::process::id()));
         let opts = Opts { only: vec!["randread".into()], ..Opts::smoke(dir.clone()) };
         let (r, svg) = run(&opts, &mut |_| {}).unwrap();

@@ -365,6 +365,7 @@ mod tests {
     /// The smoke run fills every cell, states every target, and records the device.
     #[test]
     fn smoke_run_fills_the_table() {
+        let _one_at_a_time = crate::smoke_lock();
         let dir = std::env::temp_dir().join(format!("pwfs-bench-scale-{}", std::process::id()));
         let r = run(&Opts::smoke(dir.clone()), &mut |_| {}).unwrap();
         r.check_filled().unwrap();

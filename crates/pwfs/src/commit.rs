@@ -34,7 +34,8 @@ impl FsInner {
     fn free_unlinked(&self) -> Result<bool> {
         // Reopened by inode number, or relinked, meanwhile: it stays.
         let unlinked = |m: &mut Meta, ino: u64| -> Result<bool> {
-            Ok(m.open.get(&ino).copied().unwrap_or(0) == 0 && m.inode(ino)?.d.nlink == 0)
+            let opens = m.cell(ino)?.opens.load(std::sync::atomic::Ordering::Acquire);
+            Ok(opens == 0 && m.inode(ino)?.d.nlink == 0)
         };
         let inos: Vec<u64> = self.meta.lock().to_free.iter().copied().collect();
         let mut busy = Vec::new();

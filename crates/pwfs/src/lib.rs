@@ -42,13 +42,16 @@ use device::uring::{Lock, UringDevice, UringOptions};
 use std::path::Path;
 use std::sync::Arc;
 
-/// The io_uring engine's options for `config`: buffer memory for the cache's pages,
-/// plus the copies write-back takes of dirty pages (at most the dirty share of the
-/// cache) and the metadata in flight; the image locked exclusively for writing, shared
-/// for a read-only `config`.
+/// The io_uring engine's options for `config`: registered buffer memory for the
+/// cache's pages plus 32 MiB for metadata blocks and journal images in flight (write-
+/// back lends the pages' own buffers, no copies); buffers beyond it come from the heap
+/// and go through unregistered requests. The arena is pinned when it is registered, so
+/// it is what an idle daemon holds: its cache plus 32 MiB (it held twice its cache
+/// before). The image is locked exclusively for writing, shared for a read-only
+/// `config`.
 pub fn device_options(config: &Config) -> UringOptions {
     UringOptions {
-        arena_bytes: 2 * config.cache_bytes as usize + (16 << 20),
+        arena_bytes: config.cache_bytes as usize + (32 << 20),
         lock: if config.read_only { Lock::Shared } else { Lock::Exclusive },
         ..Default::default()
     }

@@ -406,18 +406,20 @@ impl Fs {
         if (o.create || o.create_new || o.truncate) && !writable {
             return Err(Error::invalid("O_CREAT or O_TRUNC without write access"));
         }
-        let ino = if o.create_new {
+        // Whether this open created the file (then O_TRUNC has nothing to do: it is
+        // empty, and its times are the creation's).
+        let (ino, created) = if o.create_new {
             let (parent, name) = self.resolve_parent(path)?;
-            self.mknod(parent, name, f::S_IFREG | (o.mode & 0o7777), 0, o.uid, o.gid)?.ino
+            (self.mknod(parent, name, f::S_IFREG | (o.mode & 0o7777), 0, o.uid, o.gid)?.ino, true)
         } else {
             match self.resolve(path, !o.nofollow) {
-                Ok(ino) => ino,
+                Ok(ino) => (ino, false),
                 Err(e) if e.kind == ErrorKind::NotFound && o.create => {
                     let (parent, name) = self.resolve_parent(path)?;
                     match self.mknod(parent, name, f::S_IFREG | (o.mode & 0o7777), 0, o.uid, o.gid) {
-                        Ok(md) => md.ino,
+                        Ok(md) => (md.ino, true),
                         // Lost a race with another creator, or a dangling symlink.
-                        Err(e2) if e2.kind == ErrorKind::Exists => self.resolve(path, !o.nofollow)?,
+                        Err(e2) if e2.kind == ErrorKind::Exists => (self.resolve(path, !o.nofollow)?, false),
                         Err(e2) => return Err(e2),
                     }
                 }
@@ -448,7 +450,7 @@ impl Fs {
             _ => {}
         }
         // POSIX: O_TRUNC updates mtime and ctime even on an empty file.
-        if o.truncate && md.kind == FileType::File {
+        if o.truncate && md.kind == FileType::File && !created {
             self.truncate(ino, 0)?;
         }
         Ok(file)

@@ -157,6 +157,8 @@ pub struct InodeCell {
     published: Arc<Published>,
     /// Readahead of callers without a file handle.
     pub ra: RaState,
+    /// Open handles (an unlinked inode lives until the last one is released).
+    pub opens: std::sync::atomic::AtomicU32,
     /// One past the highest page index ever put in the cache for this inode: a
     /// truncate or delete looks for pages below it only.
     pages_end: AtomicU64,
@@ -174,6 +176,7 @@ impl InodeCell {
             published: Arc::new(published),
             ra: RaState::default(),
             pages_end: AtomicU64::new(0),
+            opens: Default::default(),
         }
     }
 
@@ -312,6 +315,11 @@ impl InodeTable {
 
     pub fn insert(&self, cell: Arc<InodeCell>) {
         self.shard(cell.ino).lock().insert(cell.ino, cell);
+    }
+
+    /// Every inode in memory.
+    pub fn cells(&self) -> Vec<Arc<InodeCell>> {
+        self.shards.iter().flat_map(|s| s.lock().values().cloned().collect::<Vec<_>>()).collect()
     }
 
     pub fn remove(&self, ino: u64) -> Option<Arc<InodeCell>> {

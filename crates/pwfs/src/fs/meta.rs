@@ -43,8 +43,6 @@ pub struct Meta {
     iused: Vec<u64>,
     pub ifree: u64,
     ihint: u64,
-    /// Open handles per inode (an unlinked inode lives until the last one closes).
-    pub open: HashMap<u64, u32>,
     /// Unlinked inodes with no open handle; freed at the start of the next commit.
     pub to_free: BTreeSet<u64>,
     block_limit: usize,
@@ -95,7 +93,6 @@ impl Meta {
             tx,
             dirs: HashMap::new(),
             reserved: 0,
-            open: HashMap::new(),
             to_free: BTreeSet::new(),
             block_limit: 16384,
             generation_seed: rand::random(),

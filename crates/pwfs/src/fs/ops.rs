@@ -278,7 +278,7 @@ impl Fs {
             node.d.ctime = now();
             node.d.nlink == 0
         })?;
-        if gone && m.open.get(&ino).copied().unwrap_or(0) == 0 {
+        if gone && m.cell(ino)?.opens.load(std::sync::atomic::Ordering::Acquire) == 0 {
             m.to_free.insert(ino);
         }
         Ok(())
@@ -588,22 +588,27 @@ impl Fs {
     // ------------------------------------------------------------ file data
 
     /// Note an open handle (an unlinked inode lives until the last one is released).
+    /// No metadata lock: the count lives with the inode.
     pub fn open_ino(&self, ino: u64) -> Result<Metadata> {
-        let mut m = self.meta();
-        let md = attr(ino, &*m.inode(ino)?);
-        *m.open.entry(ino).or_insert(0) += 1;
-        Ok(md)
+        let cell = self.inner.cell(ino)?;
+        let node = cell.lock();
+        if node.freed {
+            return Err(Error::not_found(format!("inode {ino} is not in use")));
+        }
+        cell.opens.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Ok(attr(ino, &node))
     }
 
+    /// The last release of an unlinked inode hands it to the next commit to free (under
+    /// the metadata lock, which `unlink` holds while it checks the count: one of the
+    /// two sees the other).
     pub fn release_ino(&self, ino: u64) {
-        let mut m = self.meta();
-        let Some(n) = m.open.get_mut(&ino) else {
-            return;
-        };
-        *n -= 1;
-        if *n == 0 {
-            m.open.remove(&ino);
-            if m.inode(ino).is_ok_and(|node| node.d.nlink == 0) {
+        use std::sync::atomic::Ordering;
+        let Ok(cell) = self.inner.cell(ino) else { return };
+        let last = cell.opens.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)) == Ok(1);
+        if last {
+            let mut m = self.meta();
+            if cell.opens.load(Ordering::Acquire) == 0 && m.inode(ino).is_ok_and(|node| node.d.nlink == 0) {
                 m.to_free.insert(ino);
             }
         }
