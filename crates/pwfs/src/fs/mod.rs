@@ -374,13 +374,8 @@ impl FsInner {
         let orphans = {
             let mut m = self.meta.lock();
             m.pinned.clear();
-            let open: Vec<u64> = m
-                .table
-                .cells()
-                .into_iter()
-                .filter(|c| c.opens.load(Ordering::Acquire) > 0)
-                .map(|c| c.ino)
-                .collect();
+            let open: Vec<u64> =
+                m.table.cells().into_iter().filter(|c| c.opens.load(Ordering::Acquire) > 0).map(|c| c.ino).collect();
             !m.to_free.is_empty() || open.into_iter().any(|ino| m.inode(ino).map_or(true, |n| n.d.nlink == 0))
         };
         if !orphans {
