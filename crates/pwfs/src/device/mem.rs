@@ -1,69 +1,56 @@
-//! In-memory engine: a byte vector. Flush is a no-op; nothing survives the process.
+//! In-memory engine: loads and stores on a [`MemoryMedium`], done inside `start` (a
+//! handle is finished when it is returned). Flush and FUA writes `persist`, which on
+//! heap memory does nothing: nothing survives the process.
 
-use super::{validate, DevError, Device, Done, Op, OpKind};
-use parking_lot::RwLock;
+use super::{validate, DevError, Device, Done, MemoryMedium, Op, OpKind, Pending};
 
 pub struct MemDevice {
-    data: RwLock<Vec<u8>>,
+    medium: MemoryMedium,
 }
 
 impl MemDevice {
     pub fn new(len: u64) -> MemDevice {
-        MemDevice { data: RwLock::new(vec![0; len as usize]) }
+        MemDevice::on(MemoryMedium::new(vec![0; len as usize]))
     }
     pub fn from_vec(data: Vec<u8>) -> MemDevice {
-        MemDevice { data: RwLock::new(data) }
+        MemDevice::on(MemoryMedium::new(data))
+    }
+    pub fn on(medium: MemoryMedium) -> MemDevice {
+        MemDevice { medium }
     }
     pub fn snapshot(&self) -> Vec<u8> {
-        self.data.read().clone()
+        self.medium.snapshot()
     }
-}
 
-/// Copy a validated read op's bytes out of an image.
-pub(crate) fn read_from(image: &[u8], op: &mut Op) {
-    let mut at = op.offset as usize;
-    for b in op.bufs.iter_mut() {
-        let n = b.len();
-        b.copy_from_slice(&image[at..at + n]);
-        at += n;
-    }
-}
-
-/// Copy a validated write op's bytes into an image.
-pub(crate) fn write_to(image: &mut [u8], op: &Op) {
-    let mut at = op.offset as usize;
-    for b in op.bufs.iter() {
-        image[at..at + b.len()].copy_from_slice(b);
-        at += b.len();
+    fn run(&self, op: &mut Op) -> Result<(), DevError> {
+        validate(op, self.medium.len())?;
+        match op.kind {
+            OpKind::Read => self.medium.load(op),
+            OpKind::Write => self.medium.store(op),
+            OpKind::WriteFua => {
+                self.medium.store(op);
+                self.medium.persist(op.offset, op.len());
+            }
+            OpKind::Flush => self.medium.persist(0, self.medium.len()),
+        }
+        Ok(())
     }
 }
 
 impl Device for MemDevice {
     fn len(&self) -> u64 {
-        self.data.read().len() as u64
+        self.medium.len()
     }
 
-    fn submit(&self, ops: Vec<Op>) -> Vec<Done> {
-        ops.into_iter()
-            .map(|mut op| {
-                let result = match op.kind {
-                    OpKind::Read => {
-                        let d = self.data.read();
-                        validate(&op, d.len() as u64).map(|_| read_from(&d, &mut op))
-                    }
-                    OpKind::Write => {
-                        let mut d = self.data.write();
-                        let n = d.len() as u64;
-                        validate(&op, n).map(|_| write_to(&mut d, &op))
-                    }
-                };
-                Done { bufs: op.bufs, result }
-            })
-            .collect()
-    }
-
-    fn flush(&self) -> Result<(), DevError> {
-        Ok(())
+    fn start(&self, ops: Vec<Op>) -> Pending {
+        Pending::ready(
+            ops.into_iter()
+                .map(|mut op| {
+                    let result = self.run(&mut op);
+                    Done { bufs: op.bufs, result }
+                })
+                .collect(),
+        )
     }
 
     fn name(&self) -> &'static str {

@@ -1,73 +1,87 @@
-//! pread/pwrite engine: the reference. One system call per op, in order.
+//! pread/pwrite engine: the reference. One system call per op, in order, inside
+//! `start` (a handle is finished when it is returned). A FUA write is pwritev2 with
+//! RWF_DSYNC (pwritev and fdatasync where the kernel refuses the flag); a flush is
+//! fdatasync.
 
-use super::{validate, DevError, Device, Done, Op, OpKind};
+use super::{transferred, validate, DevError, Device, Done, FileMedium, Op, OpKind, Pending};
 use std::fs::File;
-use std::os::unix::io::AsRawFd;
 
 pub struct PsyncDevice {
-    file: File,
-    len: u64,
+    medium: FileMedium,
 }
 
 impl PsyncDevice {
     /// Wrap an open file or block device; `len` is its usable size in bytes.
     pub fn new(file: File, len: u64) -> PsyncDevice {
-        PsyncDevice { file, len: len - len % super::SECTOR }
+        PsyncDevice::on(FileMedium::new(file, len))
+    }
+
+    pub fn on(medium: FileMedium) -> PsyncDevice {
+        PsyncDevice { medium }
     }
 
     fn run(&self, op: &mut Op) -> Result<(), DevError> {
-        validate(op, self.len)?;
+        validate(op, self.medium.len())?;
+        let fd = self.medium.fd();
+        if op.kind == OpKind::Flush {
+            return datasync(fd);
+        }
         let iov: Vec<libc::iovec> = op
             .bufs
             .iter_mut()
             .map(|b| libc::iovec { iov_base: b.as_mut_ptr() as *mut libc::c_void, iov_len: b.len() })
             .collect();
-        let fd = self.file.as_raw_fd();
+        let (ptr, n, at) = (iov.as_ptr(), iov.len() as i32, op.offset as i64);
         // SAFETY: every iovec points into a live buffer that `op` owns for the call.
-        let n = unsafe {
+        let r = unsafe {
             match op.kind {
-                OpKind::Read => libc::preadv(fd, iov.as_ptr(), iov.len() as i32, op.offset as i64),
-                OpKind::Write => libc::pwritev(fd, iov.as_ptr(), iov.len() as i32, op.offset as i64),
+                OpKind::Read => libc::preadv(fd, ptr, n, at),
+                OpKind::Write => libc::pwritev(fd, ptr, n, at),
+                OpKind::WriteFua => {
+                    let r = libc::pwritev2(fd, ptr, n, at, libc::RWF_DSYNC);
+                    if r < 0 && matches!(errno(), libc::EOPNOTSUPP | libc::ENOSYS) {
+                        let r = libc::pwritev(fd, ptr, n, at);
+                        if r >= 0 {
+                            datasync(fd)?;
+                        }
+                        r
+                    } else {
+                        r
+                    }
+                }
+                OpKind::Flush => unreachable!("handled above"),
             }
         };
-        complete(n as i64, op.len())
+        transferred(if r < 0 { -(errno() as i64) } else { r as i64 }, op.len())
     }
 }
 
-/// Turn a byte count or negative errno-style result into the device result.
-pub(crate) fn complete(n: i64, expected: u64) -> Result<(), DevError> {
-    if n < 0 {
-        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
-        return Err(DevError::Io(errno));
-    }
-    if n as u64 != expected {
-        return Err(DevError::Short { expected, got: n as u64 });
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+}
+
+fn datasync(fd: i32) -> Result<(), DevError> {
+    // SAFETY: plain syscall on an fd the medium owns.
+    if unsafe { libc::fdatasync(fd) } != 0 {
+        return Err(DevError::Io(errno()));
     }
     Ok(())
 }
 
 impl Device for PsyncDevice {
     fn len(&self) -> u64 {
-        self.len
+        self.medium.len()
     }
 
-    fn submit(&self, ops: Vec<Op>) -> Vec<Done> {
-        ops.into_iter()
-            .map(|mut op| {
-                let result = self.run(&mut op);
-                Done { bufs: op.bufs, result }
-            })
-            .collect()
-    }
-
-    fn flush(&self) -> Result<(), DevError> {
-        // SAFETY: plain syscall on an fd we own.
-        let r = unsafe { libc::fdatasync(self.file.as_raw_fd()) };
-        if r != 0 {
-            let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
-            return Err(DevError::Io(errno));
-        }
-        Ok(())
+    fn start(&self, ops: Vec<Op>) -> Pending {
+        Pending::ready(
+            ops.into_iter()
+                .map(|mut op| {
+                    let result = self.run(&mut op);
+                    Done { bufs: op.bufs, result }
+                })
+                .collect(),
+        )
     }
 
     fn name(&self) -> &'static str {
