@@ -7,7 +7,7 @@
 //! fetcher thread.
 
 use crate::cache::{Page, PageData};
-use crate::device::{Op, OpKind};
+use crate::device::{DevError, Op, OpKind, Pending};
 use crate::error::{Error, Result};
 use crate::format::{BLOCK, BLOCK_SIZE};
 use crate::fs::FsInner;
@@ -75,18 +75,50 @@ impl PageData {
 /// the ones it has: the device works while the CPU does.
 /// Resolves pages with patches (reads their data, applies the patches) in the
 /// background, for the asynchronous fetch policies.
-pub(crate) fn fetcher_thread(fs: Weak<FsInner>, rx: std::sync::mpsc::Receiver<(u64, u64)>) {
+/// What the fetcher thread is asked to do.
+pub(crate) enum FetchMsg {
+    /// Async-BG: read this page (it holds patches) and apply its patches.
+    Resolve(u64, u64),
+    /// Async-FG: the writer started the read itself; complete it.
+    Started(StartedFetch),
+}
+
+/// A fetch on the device: its pages (Fetching) and which of them each op fills.
+pub(crate) struct StartedFetch {
+    ino: u64,
+    pages: Vec<Arc<Page>>,
+    owners: Vec<Vec<usize>>,
+    pending: Pending,
+}
+
+pub(crate) fn fetcher_thread(fs: Weak<FsInner>, rx: std::sync::mpsc::Receiver<FetchMsg>) {
     while let Ok(first) = rx.recv() {
-        // Everything queued meanwhile goes to the device in one batch.
+        // Everything queued meanwhile goes to the device in one batch; fetches writers
+        // started are completed as they come.
         let mut batch: std::collections::BTreeMap<u64, Vec<u64>> = Default::default();
-        batch.entry(first.0).or_default().push(first.1);
-        while let Ok((ino, idx)) = rx.try_recv() {
-            batch.entry(ino).or_default().push(idx);
-            if batch.values().map(Vec::len).sum::<usize>() >= 256 {
+        let mut started = Vec::new();
+        let mut next = Some(first);
+        while let Some(msg) = next.take() {
+            match msg {
+                FetchMsg::Resolve(ino, idx) => batch.entry(ino).or_default().push(idx),
+                FetchMsg::Started(s) => started.push(s),
+            }
+            if batch.values().map(Vec::len).sum::<usize>() + started.len() >= 256 {
                 break;
             }
+            next = rx.try_recv().ok();
         }
-        let Some(inner) = fs.upgrade() else { return };
+        let Some(inner) = fs.upgrade() else {
+            // The file system is gone: nothing is left to complete, but the reads of
+            // the handles must end before their buffers go (dropping them waits).
+            return;
+        };
+        for s in started {
+            let ino = s.ino;
+            if let Err(e) = inner.finish_fetch(s) {
+                tracing::warn!(ino, "fetch for non-blocking writes failed: {e}");
+            }
+        }
         for (ino, idxs) in batch {
             // The pages are claimed under the inode lock (as a reader: a truncate sees
             // them in the cache and waits for them), and read without it, so that
@@ -166,10 +198,39 @@ impl FsInner {
         self.stats.patch_bytes.load(Ordering::Relaxed) + n as i64 <= self.config.patch_bytes as i64
     }
 
-    /// Queue a page with patches for the fetcher thread.
+    /// Queue a page with patches for the fetcher thread (Async-BG).
     pub fn queue_fetch(&self, ino: u64, idx: u64) {
         if let Some(q) = &*self.fetch_queue.lock() {
-            let _ = q.send((ino, idx));
+            let _ = q.send(FetchMsg::Resolve(ino, idx));
+        }
+    }
+
+    /// Async-FG: the writer of a patch to a page not in memory resolves the page's
+    /// block and starts its read itself, without waiting; the fetcher thread completes
+    /// it (applies the patches) when the device is done. So the read is on the device
+    /// when the write returns, and Async-BG (the fetcher does both) is another path.
+    pub fn start_fetch_for_writer(&self, ino: u64, page: Arc<Page>) {
+        let claimed = self.claim(vec![page]);
+        if claimed.is_empty() {
+            return;
+        }
+        let started = match self.start_fetch(ino, claimed) {
+            Ok(Some(s)) => s,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(ino, "fetch for non-blocking writes failed: {e}");
+                return;
+            }
+        };
+        let rejected = match &*self.fetch_queue.lock() {
+            Some(q) => q.send(FetchMsg::Started(started)).err().map(|e| e.0),
+            None => Some(FetchMsg::Started(started)),
+        };
+        // Shutting down: complete it here.
+        if let Some(FetchMsg::Started(s)) = rejected {
+            if let Err(e) = self.finish_fetch(s) {
+                tracing::warn!(ino, "fetch for non-blocking writes failed: {e}");
+            }
         }
     }
 
@@ -194,6 +255,15 @@ impl FsInner {
     }
 
     fn fetch_chunk(&self, ino: u64, pages: Vec<Arc<Page>>) -> Result<()> {
+        match self.start_fetch(ino, pages)? {
+            Some(s) => self.finish_fetch(s),
+            None => Ok(()),
+        }
+    }
+
+    /// Map the given Fetching pages of `ino` and start their reads (pages that map to
+    /// no block are zero-filled at once); None if nothing needs the device.
+    fn start_fetch(&self, ino: u64, pages: Vec<Arc<Page>>) -> Result<Option<StartedFetch>> {
         // The block map is the inode's: no metadata lock on the read path.
         let maps: Result<Vec<Option<u64>>> = self.cell(ino).map(|cell| {
             let node = cell.lock();
@@ -230,9 +300,22 @@ impl FsInner {
             }
             last = Some(b);
         }
+        if ops.is_empty() {
+            return Ok(None);
+        }
         self.stats.data_reads.fetch_add(ops.len() as u64, Ordering::Relaxed);
+        let pending = self.dev.start(ops);
+        Ok(Some(StartedFetch { ino, pages, owners, pending }))
+    }
+
+    /// Wait for a started fetch and complete its pages: patches applied in order, the
+    /// page readable; a failed read fails its pages. A read the kernel cancelled (the
+    /// thread that started it exited) is read again here.
+    fn finish_fetch(&self, s: StartedFetch) -> Result<()> {
+        let StartedFetch { ino, pages, owners, pending } = s;
         let mut err = None;
-        for (d, own) in self.dev.submit(ops).into_iter().zip(owners) {
+        let mut again = Vec::new();
+        for (d, own) in pending.wait().into_iter().zip(owners) {
             match d.result {
                 Ok(()) => {
                     for (buf, i) in d.bufs.into_iter().zip(own) {
@@ -241,12 +324,18 @@ impl FsInner {
                         pages[i].complete(g, buf);
                     }
                 }
+                Err(DevError::Io(libc::ECANCELED)) => again.extend(own.into_iter().map(|i| pages[i].clone())),
                 Err(e) => {
                     for i in own {
                         self.fail_page(ino, &pages[i]);
                     }
                     err = Some(Error::from(e));
                 }
+            }
+        }
+        if !again.is_empty() {
+            if let Err(e) = self.fetch_chunk(ino, again) {
+                err.get_or_insert(e);
             }
         }
         err.map_or(Ok(()), Err)

@@ -242,3 +242,41 @@ fn truncate_racing_the_fetcher_settles() {
         fsck_clean(&*dev);
     }
 }
+
+/// Async-FG as the paper has it: the writer resolves the block and starts the read
+/// itself before it returns (the read is on the device at once); the fetcher thread
+/// completes it. Writes that come while the read is in flight join it as patches
+/// instead of waiting for it. Async-BG leaves both to the fetcher.
+#[test]
+fn async_fg_writer_starts_the_fetch_and_later_writes_join_it() {
+    let (dev, fs, mut data) = cold_file(FetchPolicy::AsyncForeground);
+    let f = OpenOptions::new().read(true).write(true).open(&fs, "/f").unwrap();
+    // Reads now take 300 ms to complete: nothing below may wait for one.
+    dev.set_config(SimConfig { latency: std::time::Duration::from_millis(300), ..SimConfig::default() });
+    let reads = dev.stats().reads;
+    f.write_at(b"first", 3 * 4096 + 10).unwrap();
+    assert_eq!(dev.stats().reads, reads + 1, "the writer started the read of its page");
+    f.write_at(b"second", 3 * 4096 + 100).unwrap();
+    f.write_at(b"third", 3 * 4096 + 12).unwrap();
+    let s = fs.nbw_stats();
+    assert_eq!(s.patched_pages, 1, "one page waits for its data with patches");
+    assert_eq!(s.patch_bytes, 5 + 6 + 5, "the later writes became patches of the page in flight");
+    assert_eq!(dev.stats().reads, reads + 1, "and started no read of their own");
+    for (off, b) in [(10usize, &b"first"[..]), (100, b"second"), (12, b"third")] {
+        data[3 * 4096 + off..3 * 4096 + off + b.len()].copy_from_slice(b);
+    }
+    // A reader waits for the read and sees every write, in order.
+    let mut page = vec![0u8; 4096];
+    f.read_at(&mut page, 3 * 4096).unwrap();
+    assert_eq!(&page[..], &data[3 * 4096..4 * 4096]);
+    dev.set_config(SimConfig::default());
+    f.sync_all().unwrap();
+    let s = fs.nbw_stats();
+    assert_eq!((s.patch_bytes, s.patched_pages), (0, 0));
+    drop(f);
+    fs.unmount().unwrap();
+    let fs = Fs::mount(dev.clone(), test_config()).unwrap();
+    assert_eq!(fs.read_file("/f").unwrap(), data);
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}

@@ -80,7 +80,7 @@ pub(crate) struct FsInner {
     /// Readahead requests queued or being read.
     pub(crate) ra_pending: AtomicU64,
     /// Pages with patches for the fetcher thread (AsyncForeground/AsyncBackground).
-    pub(crate) fetch_queue: Mutex<Option<std::sync::mpsc::Sender<(u64, u64)>>>,
+    pub(crate) fetch_queue: Mutex<Option<std::sync::mpsc::Sender<crate::nbw::FetchMsg>>>,
     /// Files whose patches were lost to a failed fetch after their writes returned:
     /// the next fsync of the file reports EIO (then the error is consumed).
     pub(crate) fetch_errors: Mutex<std::collections::HashSet<u64>>,

@@ -727,8 +727,10 @@ impl Fs {
                     self.inner.stats.patched_pages.fetch_add(1, relaxed);
                     self.inner.stats.patches_created.fetch_add(1, relaxed);
                     self.inner.stats.fetches_deferred.fetch_add(1, relaxed);
-                    if self.inner.config.fetch != crate::FetchPolicy::Lazy {
-                        self.inner.queue_fetch(ino, idx);
+                    match self.inner.config.fetch {
+                        crate::FetchPolicy::AsyncForeground => self.inner.start_fetch_for_writer(ino, p.clone()),
+                        crate::FetchPolicy::AsyncBackground => self.inner.queue_fetch(ino, idx),
+                        _ => {}
                     }
                     copied += n;
                     dirtied = idx + 1;
@@ -744,6 +746,24 @@ impl Fs {
                     }
                 }
             }
+            // The page's data is on its way (its read started): the write joins it as
+            // a patch, applied in order when the data arrives, instead of waiting.
+            let mut g = p.lock();
+            if nbw && g.state == PageState::Fetching && !g.failed && self.inner.patch_room(n) {
+                let (count, first) = (g.patches.len(), g.patches.is_empty());
+                let delta = g.add_patch(at, chunk);
+                let merged = !first && g.patches.len() <= count;
+                let c = if merged { &self.inner.stats.patches_merged } else { &self.inner.stats.patches_created };
+                c.fetch_add(1, relaxed);
+                self.inner.stats.patch_bytes.fetch_add(delta as i64, relaxed);
+                if first {
+                    self.inner.stats.patched_pages.fetch_add(1, relaxed);
+                }
+                copied += n;
+                dirtied = idx + 1;
+                continue;
+            }
+            drop(g);
             let mut g = p.wait();
             if g.state == PageState::Outdated {
                 if self.inner.patch_room(n) {
