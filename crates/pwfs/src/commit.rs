@@ -34,8 +34,10 @@ impl FsInner {
     fn free_unlinked(&self) -> Result<bool> {
         // Reopened by inode number, or relinked, meanwhile: it stays.
         let unlinked = |m: &mut Meta, ino: u64| -> Result<bool> {
-            let opens = m.cell(ino)?.opens.load(std::sync::atomic::Ordering::Acquire);
-            Ok(opens == 0 && m.inode(ino)?.d.nlink == 0)
+            // Freed already (listed twice): nothing to do.
+            let Ok(cell) = m.cell(ino) else { return Ok(false) };
+            let opens = cell.opens.load(std::sync::atomic::Ordering::Acquire);
+            Ok(opens == 0 && cell.lock().d.nlink == 0)
         };
         let inos: Vec<u64> = self.meta.lock().to_free.iter().copied().collect();
         let mut busy = Vec::new();
@@ -65,11 +67,11 @@ impl FsInner {
                 continue;
             }
             let cost = m.free_cost(ino)?;
-            if m.tx_size().plus(cost).log_blocks() > self.tx_cap {
+            if m.tx_size().plus(cost).log_blocks() > self.tx_room() {
                 // Too big for what is left of this transaction: freed in the next
                 // one, or, if it is too big for any, a part of it in each.
                 let empty = m.tx_is_empty();
-                let trimmed = empty && m.trim_inode(ino, self.tx_cap)?;
+                let trimmed = empty && m.trim_inode(ino, self.tx_room())?;
                 m.to_free.insert(ino);
                 m.to_free.extend(busy);
                 if empty && !trimmed {
@@ -80,6 +82,15 @@ impl FsInner {
                     return Err(Error::corrupt(format!("bug: inode {ino} cannot be freed within the journal")));
                 }
                 return Ok(true);
+            }
+            // The last check and the mark are made under the inode's lock, under which
+            // `open_ino` counts a handle only of an inode not freed: one of the two wins.
+            {
+                let mut g = cell.lock();
+                if cell.opens.load(std::sync::atomic::Ordering::Acquire) != 0 || g.d.nlink != 0 {
+                    continue;
+                }
+                g.freed = true;
             }
             m.free_inode(ino)?;
         }

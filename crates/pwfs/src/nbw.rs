@@ -91,7 +91,12 @@ pub(crate) struct StartedFetch {
     pending: Pending,
 }
 
-pub(crate) fn fetcher_thread(fs: Weak<FsInner>, rx: std::sync::mpsc::Receiver<FetchMsg>) {
+/// Fetches the fetcher could not complete because the file system was being dropped:
+/// `shutdown` completes them (their pages are dirty, and the last commit waits for
+/// them).
+pub(crate) type Leftover = Arc<parking_lot::Mutex<Vec<StartedFetch>>>;
+
+pub(crate) fn fetcher_thread(fs: Weak<FsInner>, rx: std::sync::mpsc::Receiver<FetchMsg>, leftover: Leftover) {
     while let Ok(first) = rx.recv() {
         // Everything queued meanwhile goes to the device in one batch; fetches writers
         // started are completed as they come.
@@ -109,9 +114,17 @@ pub(crate) fn fetcher_thread(fs: Weak<FsInner>, rx: std::sync::mpsc::Receiver<Fe
             next = rx.try_recv().ok();
         }
         let Some(inner) = fs.upgrade() else {
-            // The file system is gone: nothing is left to complete, but the reads of
-            // the handles must end before their buffers go (dropping them waits).
-            return;
+            // Being dropped: hand what writers started to `shutdown`, which runs after
+            // this thread has ended.
+            let mut left = leftover.lock();
+            left.extend(started);
+            while let Ok(msg) = rx.try_recv() {
+                if let FetchMsg::Started(s) = msg {
+                    left.push(s);
+                }
+            }
+            drop(left);
+            continue;
         };
         for s in started {
             let ino = s.ino;
@@ -311,7 +324,7 @@ impl FsInner {
     /// Wait for a started fetch and complete its pages: patches applied in order, the
     /// page readable; a failed read fails its pages. A read the kernel cancelled (the
     /// thread that started it exited) is read again here.
-    fn finish_fetch(&self, s: StartedFetch) -> Result<()> {
+    pub(crate) fn finish_fetch(&self, s: StartedFetch) -> Result<()> {
         let StartedFetch { ino, pages, owners, pending } = s;
         let mut err = None;
         let mut again = Vec::new();

@@ -280,3 +280,27 @@ fn async_fg_writer_starts_the_fetch_and_later_writes_join_it() {
     fs.unmount().unwrap();
     fsck_clean(&*dev);
 }
+
+/// Dropping the last handle of a file system (no explicit unmount) while a read that
+/// an Async-FG writer started is in flight completes that read and unmounts cleanly
+/// (the final commit used to wait forever for the page).
+#[test]
+fn dropping_the_file_system_with_a_fetch_in_flight_unmounts() {
+    let (dev, fs, mut data) = cold_file(FetchPolicy::AsyncForeground);
+    dev.set_config(SimConfig { latency: std::time::Duration::from_millis(200), ..SimConfig::default() });
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let f = OpenOptions::new().write(true).open(&fs, "/f").unwrap();
+        f.write_at(b"in flight", 9000).unwrap();
+        drop(f);
+        drop(fs);
+        let _ = tx.send(());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(60)).expect("the drop hung");
+    dev.set_config(SimConfig::default());
+    data[9000..9009].copy_from_slice(b"in flight");
+    let fs = Fs::mount(dev.clone(), test_config()).unwrap();
+    assert_eq!(fs.read_file("/f").unwrap(), data);
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}

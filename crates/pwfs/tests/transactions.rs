@@ -218,3 +218,128 @@ fn a_commit_in_flight_stalls_no_reader() {
     fs.unmount().unwrap();
     fsck_clean(&*dev);
 }
+
+/// Run `f` on a thread; a hang fails the test instead of hanging it.
+fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| panic!("{what} hung"))
+}
+
+/// One write larger than the journal could admit at once (a 64 MiB write reserves
+/// 16,384 pages) goes in pieces instead of failing with ENOSPC.
+#[test]
+fn a_write_larger_than_one_transaction_succeeds_in_pieces() {
+    let dev = Arc::new(MemDevice::new(128 * MIB));
+    pwfs::mkfs(&*dev, &MkfsOptions { inodes: Some(256), journal_blocks: Some(34) }).unwrap();
+    let fs = Fs::mount(dev.clone(), Config { cache_bytes: 16 * MIB, ..test_config() }).unwrap();
+    let data: Vec<u8> = (0..64 * MIB as usize).map(|i| (i / 4096 % 251) as u8).collect();
+    let f = fs.create("/big").unwrap();
+    f.write_at(&data, 0).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+    let fs = Fs::mount(dev.clone(), test_config()).unwrap();
+    assert!(fs.read_file("/big").unwrap() == data);
+    fs.unmount().unwrap();
+}
+
+/// A truncate to an unaligned size whose last page is in a hole allocates nothing (it
+/// used to write that page of zeros to a block it never reserved).
+#[test]
+fn truncating_into_a_hole_allocates_nothing() {
+    let (dev, fs) = mem_fs(32 * MIB);
+    let f = OpenOptions::new().read(true).write(true).create(true).open(&fs, "/sparse").unwrap();
+    f.write_at(b"tail", 1 << 20).unwrap();
+    fs.sync().unwrap();
+    let before = fs.statfs().blocks_free;
+    f.set_len(5000).unwrap();
+    fs.sync().unwrap();
+    assert_eq!(f.metadata().unwrap().blocks, 0, "no block for the hole");
+    assert_eq!(fs.statfs().blocks_free, before + 1, "the data block was freed, nothing allocated");
+    let mut b = vec![1u8; 5000];
+    assert_eq!(f.read_at(&mut b, 0).unwrap(), 5000);
+    assert!(b.iter().all(|x| *x == 0));
+    drop(f);
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}
+
+/// Truncates of fragmented files (extent chains) race commits from another thread:
+/// the size and the unmapping are one change, so no commit logs a half-done truncate
+/// (it used to poison the file system, or leave freed blocks mapped).
+#[test]
+fn truncates_of_fragmented_files_race_commits() {
+    let (dev, fs) = mem_fs(64 * MIB);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let syncer = {
+        let (fs, stop) = (fs.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                fs.sync().unwrap();
+            }
+        })
+    };
+    for round in 0..6u64 {
+        let (a, b) = (fs.create("/a").unwrap(), fs.create("/b").unwrap());
+        // Interleaved pages: hundreds of extents each, chains of two blocks.
+        for i in 0..600u64 {
+            a.write_at(&[round as u8 + 1; 4096], i * 4096).unwrap();
+            b.write_at(&[round as u8 + 2; 4096], i * 4096).unwrap();
+            if i % 100 == 0 {
+                fs.sync().unwrap();
+            }
+        }
+        fs.sync().unwrap();
+        a.set_len(7 * 4096 + 5).unwrap();
+        b.set_len(0).unwrap();
+        assert_eq!(fs.poisoned(), None, "round {round}");
+        drop((a, b));
+        fs.remove_file("/a").unwrap();
+        fs.remove_file("/b").unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    syncer.join().unwrap();
+    assert_eq!(fs.poisoned(), None);
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}
+
+/// A write whose first page cannot be read fails; the pages after it that it had put
+/// in the cache do not stay there unfilled (readers, truncate and commits used to wait
+/// for them forever), and their reservations are released.
+#[test]
+fn a_failed_write_leaves_no_page_waiting() {
+    use pwfs::device::sim::SimConfig;
+    let image = formatted_image(16 * MIB, &MkfsOptions::default());
+    let config = Config { fetch: pwfs::FetchPolicy::Blocking, ..test_config() };
+    let (dev, fs) = sim_fs(image, SimConfig::default(), config);
+    fs.write_file("/f", &[3u8; 8192]).unwrap();
+    fs.evict_cache().unwrap();
+    let free = fs.statfs().blocks_available;
+    dev.set_config(SimConfig { read_fail: 1.0, ..SimConfig::default() });
+    let f = OpenOptions::new().read(true).write(true).open(&fs, "/f").unwrap();
+    // Page 0 needs a read (partial write), pages 1.. are new past EOF after page 1.
+    assert_eq!(errno(f.write_at(&[9u8; 20000], 100)), libc::EIO);
+    dev.set_config(SimConfig::default());
+    let fs2 = fs.clone();
+    within("a read after the failed write", move || {
+        let f = OpenOptions::new().read(true).open(&fs2, "/f").unwrap();
+        let mut b = vec![0u8; 8192];
+        f.read_at(&mut b, 0).unwrap();
+        b
+    });
+    let fs2 = fs.clone();
+    within("sync and truncate after the failed write", move || {
+        fs2.sync().unwrap();
+        fs2.set_len("/f", 0).unwrap();
+        fs2.sync().unwrap();
+    });
+    assert!(fs.statfs().blocks_available >= free, "no reservation leaked");
+    drop(f);
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}

@@ -315,7 +315,7 @@ impl std::fmt::Debug for File {
 
 impl Drop for File {
     fn drop(&mut self) {
-        self.fs.release_ino(self.ino);
+        self.fs.release_cell(&self.cell);
     }
 }
 

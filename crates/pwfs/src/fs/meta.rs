@@ -279,6 +279,10 @@ impl Meta {
             }
         }
         let (dirty, revokes) = self.tx.take_blocks();
+        // Pinned at once: until the journal has them, and until a checkpoint writes them
+        // home, their only current copy is this cache (a shrink must not drop one and
+        // read the stale home block back).
+        self.pinned.extend(dirty.iter().copied());
         let mut images = Vec::with_capacity(dirty.len());
         for b in dirty {
             let mut copy = self.dev.alloc(BLOCK_SIZE);

@@ -81,6 +81,8 @@ pub(crate) struct FsInner {
     pub(crate) ra_pending: AtomicU64,
     /// Pages with patches for the fetcher thread (AsyncForeground/AsyncBackground).
     pub(crate) fetch_queue: Mutex<Option<std::sync::mpsc::Sender<crate::nbw::FetchMsg>>>,
+    /// Fetches the fetcher thread left to `shutdown` (the file system was being dropped).
+    pub(crate) fetch_leftover: crate::nbw::Leftover,
     /// Files whose patches were lost to a failed fetch after their writes returned:
     /// the next fsync of the file reports EIO (then the error is consumed).
     pub(crate) fetch_errors: Mutex<std::collections::HashSet<u64>>,
@@ -186,6 +188,7 @@ impl Fs {
             ra_queue: Mutex::new(None),
             ra_pending: AtomicU64::new(0),
             fetch_queue: Mutex::new(None),
+            fetch_leftover: Default::default(),
             fetch_errors: Mutex::new(Default::default()),
             stats: FsStats::default(),
             config,
@@ -210,10 +213,10 @@ impl Fs {
         }
         if matches!(inner.config.fetch, FetchPolicy::AsyncForeground | FetchPolicy::AsyncBackground) {
             let (tx, rx) = std::sync::mpsc::channel();
-            let weak = Arc::downgrade(&inner);
+            let (weak, leftover) = (Arc::downgrade(&inner), inner.fetch_leftover.clone());
             let h = std::thread::Builder::new()
                 .name("pwfs-fetcher".into())
-                .spawn(move || crate::nbw::fetcher_thread(weak, rx))
+                .spawn(move || crate::nbw::fetcher_thread(weak, rx, leftover))
                 .map_err(|e| Error::io(format!("cannot start the fetcher thread: {e}")))?;
             inner.helpers.lock().push(h);
             *inner.fetch_queue.lock() = Some(tx);
@@ -362,6 +365,13 @@ impl FsInner {
         for h in std::mem::take(&mut *self.helpers.lock()) {
             if h.thread().id() != me {
                 let _ = h.join();
+            }
+        }
+        // Reads writers started that the fetcher left (the file system was being
+        // dropped): their pages are dirty, and the commit below waits for them.
+        for f in std::mem::take(&mut *self.fetch_leftover.lock()) {
+            if let Err(e) = self.finish_fetch(f) {
+                tracing::warn!("fetch for non-blocking writes failed at unmount: {e}");
             }
         }
         if self.config.read_only || self.poisoned.lock().is_some() {

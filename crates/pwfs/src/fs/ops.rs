@@ -603,12 +603,23 @@ impl Fs {
     /// the metadata lock, which `unlink` holds while it checks the count: one of the
     /// two sees the other).
     pub fn release_ino(&self, ino: u64) {
-        use std::sync::atomic::Ordering;
         let Ok(cell) = self.inner.cell(ino) else { return };
+        self.release_cell(&cell);
+    }
+
+    /// `release_ino` of a cell the caller holds (a `File`: never another inode that
+    /// got the number since).
+    pub(crate) fn release_cell(&self, cell: &InodeCell) {
+        use std::sync::atomic::Ordering;
+        let ino = cell.ino;
         let last = cell.opens.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)) == Ok(1);
         if last {
             let mut m = self.meta();
-            if cell.opens.load(Ordering::Acquire) == 0 && m.inode(ino).is_ok_and(|node| node.d.nlink == 0) {
+            let gone = {
+                let node = cell.lock();
+                !node.freed && node.d.nlink == 0
+            };
+            if cell.opens.load(Ordering::Acquire) == 0 && gone {
                 m.to_free.insert(ino);
             }
         }
@@ -682,8 +693,23 @@ impl Fs {
         self.write_cell(&cell, offset, data, append)
     }
 
-    /// `write` of a cell the caller holds.
+    /// `write` of a cell the caller holds. A large write goes in pieces of 4 MiB, each
+    /// admitted into the journal on its own (what one piece reserves always fits).
     pub(crate) fn write_cell(&self, cell: &InodeCell, offset: u64, data: &[u8], append: bool) -> Result<u64> {
+        const PIECE: usize = 4 << 20;
+        if data.len() <= PIECE {
+            return self.write_piece(cell, offset, data, append);
+        }
+        let start = self.write_piece(cell, offset, &data[..PIECE], append)?;
+        let mut at = start + PIECE as u64;
+        for piece in data[PIECE..].chunks(PIECE) {
+            self.write_piece(cell, at, piece, false)?;
+            at += piece.len() as u64;
+        }
+        Ok(start)
+    }
+
+    fn write_piece(&self, cell: &InodeCell, offset: u64, data: &[u8], append: bool) -> Result<u64> {
         let ino = cell.ino;
         self.inner.check_writable()?;
         let _g = cell.io.write();
@@ -699,7 +725,8 @@ impl Fs {
         let mut dirtied = first;
         let nbw = self.inner.config.fetch != crate::FetchPolicy::Blocking;
         let relaxed = std::sync::atomic::Ordering::Relaxed;
-        for ((p, new), idx) in pages.into_iter().zip(first..) {
+        let mut pages = pages.into_iter().zip(first..);
+        for ((p, new), idx) in pages.by_ref() {
             let pstart = idx * BLOCK;
             let from = offset.max(pstart);
             let to = end.min(pstart + BLOCK);
@@ -807,6 +834,24 @@ impl Fs {
             drop(g);
             copied += n;
             dirtied = idx + 1;
+        }
+        // Pages this write put in the cache and did not get to (an earlier page's fetch
+        // failed) are nobody's to fill: they leave the cache, and their waiters get EIO.
+        let mut abandoned = Vec::new();
+        for ((p, new), idx) in pages {
+            if new {
+                self.inner.cache.fail(&p);
+                abandoned.push(idx);
+            }
+        }
+        if !abandoned.is_empty() {
+            // Their space was reserved by this write (a page reserved before would be
+            // in the cache, dirty): it is free again.
+            let mut m = self.meta();
+            let mut node = cell.lock();
+            let n = abandoned.iter().filter(|i| node.reserved.remove(i)).count() as i64;
+            drop(node);
+            m.add_reserved(-n);
         }
         // The size covers what was copied before the pages go to write-back, which
         // takes a dirty page past the end of file for a truncated one and skips it.
@@ -923,8 +968,11 @@ impl Fs {
             // block) and the bitmap blocks of what is cut off.
             let keep = size.div_ceil(BLOCK);
             let unmap = m.unmap_cost(&node, keep.saturating_sub(1));
+            // Its extent chain may shrink to nothing: freed (bitmap blocks) and revoked.
+            let chain = node.chain.len() as u64;
             drop(node);
-            let tx = m.inode_cost(ino, 1)?.plus(TxSize::new(1 + unmap, 0));
+            let shrink = TxSize::new(chain.min(m.sb.block_bitmap_blocks), chain);
+            let tx = m.inode_cost(ino, 1)?.plus(TxSize::new(1 + unmap, 0)).plus(shrink);
             Ok((Need::tx(tx), old))
         })?;
         // Promised until the change is made: the pages are dealt with first, without
@@ -944,8 +992,13 @@ impl Fs {
             let keep = size.div_ceil(BLOCK);
             let dropped = self.inner.cache.drop_from(ino, keep, cell.pages_end());
             self.inner.forget_pages(dropped);
-            // Bytes past EOF in the last block stay zero on disk and in cache.
-            if !size.is_multiple_of(BLOCK) {
+            // Bytes past EOF in the last block stay zero on disk and in cache. A tail
+            // page in a hole (no block, nothing reserved) is zeros already.
+            let hole = |idx: u64| {
+                let n = cell.lock();
+                n.map(idx).is_none() && !n.reserved.contains(&idx)
+            };
+            if !size.is_multiple_of(BLOCK) && !hole(size / BLOCK) {
                 let idx = size / BLOCK;
                 cell.note_pages(idx + 1);
                 let (p, new) = self.inner.cache.get_or_insert((ino, idx));
@@ -986,6 +1039,14 @@ impl Fs {
                     node.reserved.remove(i);
                 }
                 reserved -= dropped.len() as i64;
+                // The size goes with the unmapping, in one change: a commit between
+                // the two would log blocks freed by an inode that still maps them.
+                node.d.size = size;
+                let t = now();
+                node.d.mtime = t;
+                node.d.ctime = t;
+                node.data_meta_dirty = true;
+                node.register(&m.tx.clone(), None);
                 drop(node);
                 m.add_reserved(reserved);
                 for (b, n) in freed {
@@ -993,6 +1054,7 @@ impl Fs {
                 }
                 Ok(())
             })?;
+            return Ok(());
         }
         let mut m = self.meta();
         m.update(ino, |node| {

@@ -47,9 +47,12 @@ struct State {
     /// Metadata blocks changed (inode table blocks join when an inode registers).
     blocks: BTreeSet<u64>,
     revokes: BTreeSet<u64>,
-    /// Registered inodes and what storing their extent chain may add.
-    inodes: HashMap<u64, TxSize>,
+    /// Registered inodes: their table block and what storing their extent chain may add.
+    inodes: HashMap<u64, (u64, TxSize)>,
     chains: TxSize,
+    /// The chains of the inodes a closing transaction is storing, counted until their
+    /// blocks are taken (`take_blocks`).
+    closing: TxSize,
     /// Pages reserved for delayed allocation, file-system wide.
     reserved: u64,
     credits: TxSize,
@@ -72,6 +75,7 @@ impl State {
             .plus(self.chains)
             .plus(TxSize::new(self.reserved.min(bitmap_blocks), 0))
             .plus(self.credits)
+            .plus(self.closing)
     }
 }
 
@@ -142,7 +146,7 @@ impl Tx {
             if !s.blocks.contains(&block) {
                 grown.images += 1;
             }
-            let old = s.inodes.get(&ino).copied().unwrap_or_default();
+            let old = s.inodes.get(&ino).map(|e| e.1).unwrap_or_default();
             let grown = grown.plus(chain).minus(old.min_of(chain));
             if grown.log_blocks() > room {
                 return None;
@@ -150,7 +154,7 @@ impl Tx {
         }
         s.revokes.remove(&block);
         s.blocks.insert(block);
-        let old = s.inodes.insert(ino, chain).unwrap_or_default();
+        let old = s.inodes.insert(ino, (block, chain)).map(|e| e.1).unwrap_or_default();
         s.chains = s.chains.minus(old).plus(chain);
         self.publish(&s);
         Some(self.epoch())
@@ -160,7 +164,7 @@ impl Tx {
     /// the slot cleared, stays in the transaction).
     pub fn forget(&self, ino: u64) {
         let mut s = self.state.lock();
-        if let Some(old) = s.inodes.remove(&ino) {
+        if let Some((_, old)) = s.inodes.remove(&ino) {
             s.chains = s.chains.minus(old);
             self.publish(&s);
         }
@@ -200,8 +204,8 @@ impl Tx {
     pub fn close_inodes(&self) -> Closing {
         let mut s = self.state.lock();
         let epoch = self.epoch.fetch_add(1, Ordering::AcqRel);
-        let inodes: Vec<(u64, TxSize)> = s.inodes.drain().collect();
-        s.chains = TxSize::default();
+        let inodes: Vec<(u64, TxSize)> = s.inodes.drain().map(|(ino, (_, chain))| (ino, chain)).collect();
+        s.closing = std::mem::take(&mut s.chains);
         self.publish(&s);
         Closing { epoch, inodes }
     }
@@ -210,6 +214,11 @@ impl Tx {
     pub fn take_blocks(&self) -> (BTreeSet<u64>, BTreeSet<u64>) {
         let mut s = self.state.lock();
         let out = (std::mem::take(&mut s.blocks), std::mem::take(&mut s.revokes));
+        s.closing = TxSize::default();
+        // Inodes registered meanwhile (in the new transaction, or kept there) have
+        // their table block in it still: it was taken with this one's blocks.
+        let kept: Vec<u64> = s.inodes.values().map(|e| e.0).collect();
+        s.blocks.extend(kept);
         self.publish(&s);
         out
     }
