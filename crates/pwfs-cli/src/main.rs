@@ -59,7 +59,7 @@ enum Cmd {
         /// How a partial write to a page not in memory gets its data (non-blocking
         /// writes): blocking reads it first (the off-switch); the others patch it and
         /// fetch later.
-        #[arg(long, value_enum, default_value = "async-fg")]
+        #[arg(long, value_enum, default_value = "async-bg")]
         fetch: Fetch,
         /// Run the full consistency check before mounting, even if the image was
         /// unmounted cleanly (it always runs when it was not).

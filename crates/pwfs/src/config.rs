@@ -11,13 +11,14 @@ use std::time::Duration;
 pub enum FetchPolicy {
     /// Read the page first, then write into it (the baseline, the off-switch).
     Blocking,
-    /// The writer queues the fetch itself as it returns (the fetch runs on the
-    /// fetcher thread: the device API is synchronous). The default: it fetches while
-    /// the writer goes on, so writers meet short pauses (Lazy has a higher average
-    /// through the API but pauses of ~400 ms; docs/DECISIONS.md).
-    #[default]
+    /// The writer resolves the page's block and starts its read itself before it
+    /// returns; the fetcher thread completes it (as in the paper).
     AsyncForeground,
-    /// The fetcher thread fetches pages with patches soon after the write.
+    /// The fetcher thread fetches pages with patches soon after the write, in
+    /// batches. The default: the fastest here (each read a writer starts on its own
+    /// costs it a submission and the device a doorbell; the fetcher batches up to 256),
+    /// with short pauses (Lazy pauses ~400 ms; docs/DECISIONS.md).
+    #[default]
     AsyncBackground,
     /// Fetch only when needed: a read the patches cannot serve, write-back, fsync,
     /// truncate. A later full overwrite of the page cancels the fetch.
