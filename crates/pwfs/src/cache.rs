@@ -432,7 +432,10 @@ impl PageCache {
             return;
         }
         let mut freed = 0;
-        let mut budget = (m.clock.len() * 2).min((target * 8).max(1024));
+        // Sized to the shard: a shard of 256 pages looked at 1,024 entries on every
+        // fourth insertion while it held only pages that cannot go (patches under
+        // Lazy): 18% of all CPU time in a random-write benchmark.
+        let mut budget = (m.clock.len() * 2).min((2 * self.shard_capacity).clamp(64, 1024));
         while freed < target && budget > 0 {
             budget -= 1;
             let Some(k) = m.clock.pop_front() else { break };
@@ -454,7 +457,7 @@ impl PageCache {
             shard.stats.evictions.fetch_add(1, Ordering::Relaxed);
         }
         if freed == 0 {
-            m.skip = target;
+            m.skip = target * 8;
         }
     }
 }
@@ -513,11 +516,13 @@ mod tests {
             fill(&p);
         }
         assert_eq!(cache.len(), 66, "nothing could be evicted");
-        drop(cache.take_dirty()); // written back: clean now
-        for (p, _) in cache.get_or_insert_range(2, 2, 4) {
+        // Written back: clean now. The fruitless sweep set a skip of 8 insertions, one
+        // of them used above.
+        drop(cache.take_dirty());
+        for (p, _) in cache.get_or_insert_range(2, 2, 7 + 4) {
             fill(&p);
         }
-        assert_eq!(cache.len(), 66, "every insertion after the skip evicted a page");
+        assert_eq!(cache.len(), 66 + 7, "every insertion after the skip evicted a page");
         assert_eq!(cache.stats().2, 4);
     }
 
