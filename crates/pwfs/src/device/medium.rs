@@ -50,16 +50,27 @@ impl FileMedium {
             Lock::Exclusive => Some(libc::LOCK_EX),
         };
         if let Some(how) = how {
-            // SAFETY: plain syscall on an fd we own; the lock lives as long as the file.
-            if unsafe { libc::flock(file.as_raw_fd(), how | libc::LOCK_NB) } != 0 {
+            // A lock held a moment after its holder is gone is let go of: the kernel
+            // drops an exited process's io_uring (and the image file it refers to)
+            // asynchronously, and a child between fork and exec holds a copy of every
+            // descriptor. Only a lock that stays held for a second means "in use".
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+            loop {
+                // SAFETY: plain syscall on an fd we own; the lock lives as long as the file.
+                if unsafe { libc::flock(file.as_raw_fd(), how | libc::LOCK_NB) } == 0 {
+                    break;
+                }
                 let e = std::io::Error::last_os_error();
-                if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                    return Err(e);
+                }
+                if std::time::Instant::now() >= deadline {
                     return Err(std::io::Error::new(
                         std::io::ErrorKind::WouldBlock,
                         "the image is in use by another pwfs process (mounted, or being checked)",
                     ));
                 }
-                return Err(e);
+                std::thread::sleep(std::time::Duration::from_millis(10));
             }
         }
         let len = file.seek(SeekFrom::End(0))?;
