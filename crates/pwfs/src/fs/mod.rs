@@ -38,9 +38,28 @@ pub use mkfs::{mkfs, mkfs_with_progress, read_superblock, MkfsOptions};
 
 /// A mounted file system. Cheap to clone; the last handle (open `File`s included)
 /// to go away flushes and empties the journal, as `unmount` does explicitly.
-#[derive(Clone)]
 pub struct Fs {
     pub(crate) inner: Arc<FsInner>,
+}
+
+/// Handles are counted apart from the background threads' references: the last
+/// handle to go (an `Fs` or a `File`) unmounts right there, synchronously, even while
+/// a background thread holds the file system for a moment.
+impl Clone for Fs {
+    fn clone(&self) -> Fs {
+        self.inner.handles.fetch_add(1, Ordering::AcqRel);
+        Fs { inner: self.inner.clone() }
+    }
+}
+
+impl Drop for Fs {
+    fn drop(&mut self) {
+        if self.inner.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
+            if let Err(e) = self.inner.shutdown() {
+                tracing::error!("unmount when the last handle went: {e}");
+            }
+        }
+    }
 }
 
 pub(crate) struct FsInner {
@@ -60,6 +79,8 @@ pub(crate) struct FsInner {
     /// Serializes write-back, commit, and block freeing (see `lock` for the order).
     pub(crate) commit_lock: Mutex<()>,
     pub(crate) poisoned: Mutex<Option<String>>,
+    /// Live `Fs` handles (`File`s hold one each).
+    pub(crate) handles: AtomicU64,
     /// The superblock's clean flag on the medium (cleared before the first change).
     pub(crate) clean: mount::CleanFlag,
     /// Whether `poisoned` holds a reason (checked on every change without its lock).
@@ -178,6 +199,7 @@ impl Fs {
             tx,
             commit_lock: Mutex::new(()),
             poisoned: Mutex::new(None),
+            handles: AtomicU64::new(0),
             clean,
             is_poisoned: Default::default(),
             wake: Arc::new((Mutex::new(false), Condvar::new())),
@@ -235,6 +257,7 @@ impl Fs {
             }
             *inner.ra_queue.lock() = Some(tx);
         }
+        inner.handles.store(1, Ordering::Release);
         Ok((Fs { inner }, report))
     }
 
