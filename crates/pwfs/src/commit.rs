@@ -121,14 +121,18 @@ impl FsInner {
     /// Write back data, then log metadata. The caller holds the commit lock. Freeing
     /// unlinked inodes may take several transactions.
     pub fn commit_locked(&self) -> Result<()> {
-        loop {
+        // Bounded: what is left to free waits for the next commit rather than keep a
+        // caller here (an inode trimmed a piece per transaction, say, while writers keep
+        // the transaction from ever being empty).
+        for _ in 0..64 {
             self.check_writable()?;
             let more = self.free_unlinked().map_err(|e| self.poison(e))?;
             self.commit_once()?;
             if !more {
-                return Ok(());
+                break;
             }
         }
+        Ok(())
     }
 
     fn commit_once(&self) -> Result<()> {
