@@ -2,7 +2,7 @@
 //! handle is finished when it is returned). Flush and FUA writes `persist`, which on
 //! heap memory does nothing: nothing survives the process.
 
-use super::{validate, DevError, Device, Done, MemoryMedium, Op, OpKind, Pending};
+use super::{validate, DevError, Device, MemoryMedium, Op, OpKind, Pending};
 
 pub struct MemDevice {
     medium: MemoryMedium,
@@ -43,14 +43,7 @@ impl Device for MemDevice {
     }
 
     fn start(&self, ops: Vec<Op>) -> Pending {
-        Pending::ready(
-            ops.into_iter()
-                .map(|mut op| {
-                    let result = self.run(&mut op);
-                    Done { bufs: op.bufs, result }
-                })
-                .collect(),
-        )
+        Pending::run_each(ops, |op| self.run(op))
     }
 
     fn name(&self) -> &'static str {

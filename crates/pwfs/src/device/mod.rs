@@ -202,6 +202,19 @@ impl Pending {
         Pending { state: PendingState::Finished(done) }
     }
 
+    /// Run every op now with `run` (engines without a queue: psync, mem) and hand back
+    /// a finished handle.
+    pub fn run_each(ops: Vec<Op>, mut run: impl FnMut(&mut Op) -> Result<(), DevError>) -> Pending {
+        Pending::ready(
+            ops.into_iter()
+                .map(|mut op| {
+                    let result = run(&mut op);
+                    Done { bufs: op.bufs, result }
+                })
+                .collect(),
+        )
+    }
+
     /// A handle for ops an engine has in flight.
     pub fn new(running: Box<dyn Completion>) -> Pending {
         Pending { state: PendingState::Running(running) }

@@ -3,7 +3,7 @@
 //! RWF_DSYNC (pwritev and fdatasync where the kernel refuses the flag); a flush is
 //! fdatasync.
 
-use super::{transferred, validate, DevError, Device, Done, FileMedium, Op, OpKind, Pending};
+use super::{transferred, validate, DevError, Device, FileMedium, Op, OpKind, Pending};
 use std::fs::File;
 
 pub struct PsyncDevice {
@@ -74,14 +74,7 @@ impl Device for PsyncDevice {
     }
 
     fn start(&self, ops: Vec<Op>) -> Pending {
-        Pending::ready(
-            ops.into_iter()
-                .map(|mut op| {
-                    let result = self.run(&mut op);
-                    Done { bufs: op.bufs, result }
-                })
-                .collect(),
-        )
+        Pending::run_each(ops, |op| self.run(op))
     }
 
     fn name(&self) -> &'static str {

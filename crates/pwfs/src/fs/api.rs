@@ -426,14 +426,7 @@ impl Fs {
                 Err(e) => return Err(e),
             }
         };
-        let md = self.open_ino(ino)?;
-        let cell = match self.inner.cell(ino) {
-            Ok(cell) => cell,
-            Err(e) => {
-                self.release_ino(ino);
-                return Err(e);
-            }
-        };
+        let (md, cell) = self.open_cell(ino)?;
         let file = File {
             fs: self.clone(),
             ino,

@@ -453,23 +453,17 @@ impl Meta {
         Ok(node)
     }
 
-    /// Change an inode and register it with the running transaction.
+    /// Change an inode and register it with the running transaction (its table block
+    /// now, so that the transaction's size counts distinct blocks; its slot and extents
+    /// when the transaction closes). Every change to an inode's extents or reserved
+    /// pages is followed by this, or by `InodeGuard::register` where the caller holds
+    /// the inode.
     pub fn update<T>(&mut self, ino: u64, f: impl FnOnce(&mut Inode) -> T) -> Result<T> {
         let tx = self.tx.clone();
         let mut node = self.inode(ino)?;
         let v = f(&mut node);
         node.register(&tx, None);
         Ok(v)
-    }
-
-    /// The inode joins the running transaction (its table block now, so that the
-    /// transaction's size counts distinct blocks; its slot and extents when it closes).
-    /// Every change to an inode's extents or reserved pages is followed by this call,
-    /// or by `InodeGuard::register` where the caller holds the inode.
-    pub fn mark_inode_dirty(&mut self, ino: u64) -> Result<()> {
-        let tx = self.tx.clone();
-        self.inode(ino)?.register(&tx, None);
-        Ok(())
     }
 
     /// Write an inode (and its extent chain) into the cached metadata blocks, as the
@@ -610,6 +604,15 @@ impl Meta {
             .map(lblk)
             .ok_or_else(|| Error::corrupt(format!("directory {dir}: block {lblk} not mapped")))?;
         Ok((phys, (slot % f::DIRENTS_PER_BLOCK as u64) as usize))
+    }
+
+    /// The parent of directory `dir` (ENOTDIR if it is not one).
+    pub fn dir_parent(&mut self, dir: u64) -> Result<u64> {
+        let node = self.inode(dir)?;
+        if !node.is_dir() {
+            return Err(Error::not_dir(""));
+        }
+        Ok(node.d.parent)
     }
 
     /// The directory's index, built from its blocks on first use.
@@ -754,8 +757,7 @@ impl Meta {
             }
             self.inode(ino)?.d.xattr_block = b;
         }
-        self.inode(ino)?.d.ctime = now();
-        self.mark_inode_dirty(ino)
+        self.update(ino, |n| n.d.ctime = now())
     }
 
     /// Symlink target or other small journaled payload stored in one block.

@@ -85,12 +85,7 @@ impl Fs {
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Metadata> {
         let ino = {
             let mut m = self.meta();
-            let p = m.inode(parent)?;
-            if !p.is_dir() {
-                return Err(Error::not_dir(""));
-            }
-            let dotdot = p.d.parent;
-            drop(p);
+            let dotdot = m.dir_parent(parent)?;
             match name {
                 b"." => parent,
                 b".." => dotdot,
@@ -418,12 +413,7 @@ impl Fs {
     /// the offset of the next one, stable while entries come and go.
     pub fn readdir(&self, ino: u64, offset: u64, max: usize) -> Result<Vec<DirEntry>> {
         let mut m = self.meta();
-        let node = m.inode(ino)?;
-        if !node.is_dir() {
-            return Err(Error::not_dir(""));
-        }
-        let parent = node.d.parent;
-        drop(node);
+        let parent = m.dir_parent(ino)?;
         let mut out = Vec::new();
         if offset == 0 {
             out.push(DirEntry { ino, kind: FileType::Directory, name: b".".to_vec(), next: 1 });
@@ -590,13 +580,20 @@ impl Fs {
     /// Note an open handle (an unlinked inode lives until the last one is released).
     /// No metadata lock: the count lives with the inode.
     pub fn open_ino(&self, ino: u64) -> Result<Metadata> {
+        self.open_cell(ino).map(|(md, _)| md)
+    }
+
+    /// `open_ino`, also handing out the inode's cell (a `File` keeps it).
+    pub(crate) fn open_cell(&self, ino: u64) -> Result<(Metadata, std::sync::Arc<InodeCell>)> {
         let cell = self.inner.cell(ino)?;
         let node = cell.lock();
         if node.freed {
             return Err(Error::not_found(format!("inode {ino} is not in use")));
         }
         cell.opens.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        Ok(attr(ino, &node))
+        let md = attr(ino, &node);
+        drop(node);
+        Ok((md, cell))
     }
 
     /// The last release of an unlinked inode hands it to the next commit to free (under
