@@ -2,6 +2,7 @@
 //! (write back data first: ordered mode), logging it, freeing unlinked inodes as it goes.
 
 use crate::error::{Error, Result};
+use crate::fs::inode::InodeCell;
 use crate::fs::meta::{Meta, TxSize};
 use crate::fs::tx::Credit;
 use crate::fs::FsInner;
@@ -28,6 +29,54 @@ pub(crate) fn entry_cost(grow: bool) -> TxSize {
 }
 
 impl FsInner {
+    /// Free an inode that lost its last name and handle, now, in the running
+    /// transaction (as ext4 does at the last iput), so that its number and blocks are
+    /// reused soon and commits do not gather the work of many deletes. The caller
+    /// holds no lock. An inode too big for a share of the journal, or one reopened or
+    /// relinked meanwhile, is left to the commit (`free_unlinked`), which frees it in
+    /// pieces, or not at all.
+    pub(crate) fn free_now(&self, cell: &InodeCell) -> Result<()> {
+        let ino = cell.ino;
+        // Checked again under the inode's lock before the mark: `open_cell` counts a
+        // handle only of an inode not freed, so one of the two wins.
+        let gone = || {
+            let g = cell.lock();
+            cell.opens.load(Ordering::Acquire) == 0 && !g.freed && g.d.nlink == 0
+        };
+        if !gone() {
+            return Ok(());
+        }
+        // No reader inside the file: its pages are dropped for good.
+        let _io = cell.io.write();
+        let dropped = self.cache.drop_from(ino, 0, cell.pages_end());
+        self.forget_pages(dropped);
+        let share = self.tx_room() / 4;
+        let (mut m, free) = self.admitted(|m| {
+            if !gone() {
+                return Ok((Need::tx(TxSize::default()), false));
+            }
+            let cost = m.free_cost(ino)?;
+            if cost.log_blocks() > share {
+                return Ok((Need::tx(TxSize::default()), false));
+            }
+            Ok((Need::tx(cost), true))
+        })?;
+        if !free {
+            return Ok(());
+        }
+        self.mutate(&mut m, |m| {
+            {
+                let mut g = cell.lock();
+                if cell.opens.load(Ordering::Acquire) != 0 || g.freed || g.d.nlink != 0 {
+                    return Ok(());
+                }
+                g.freed = true;
+            }
+            m.to_free.remove(&ino);
+            m.free_inode(ino)
+        })
+    }
+
     /// Free the inodes that lost their last name and handle, as many as fit in the
     /// running transaction; returns whether some are left for another one. Under the
     /// commit lock, so that write-back never places a page of a freed inode.
@@ -175,7 +224,15 @@ impl FsInner {
         // journal lock across its I/O.)
         let big = self.tx.estimate() >= (self.tx_cap / 4).max(4);
         if big {
-            return self.commit();
+            if self.config.writeback_interval.is_none() {
+                return self.commit();
+            }
+            // The write-back thread commits while callers go on (as jbd2 does); a
+            // caller waits for a commit only when the journal has no room left for
+            // its change (`admitted`).
+            if !self.commit_due.swap(true, Ordering::AcqRel) {
+                self.wake.1.notify_all();
+            }
         }
         let pressure = self.pressure();
         if pressure >= 0.5 && !self.kick.swap(true, Ordering::Relaxed) {

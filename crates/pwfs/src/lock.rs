@@ -35,3 +35,30 @@ impl FileLock {
         }
     }
 }
+
+/// A mutex for short critical sections that many threads take (the metadata lock):
+/// a waiter spins a few microseconds before it sleeps. Measured on 2 cores with two
+/// threads creating and deleting files: parking at once (a futex wait, then a wake-up
+/// syscall by the holder) cost more than the work under the lock.
+pub struct SpinMutex<T>(parking_lot::Mutex<T>);
+
+impl<T> SpinMutex<T> {
+    pub fn new(v: T) -> Self {
+        SpinMutex(parking_lot::Mutex::new(v))
+    }
+
+    pub fn lock(&self) -> parking_lot::MutexGuard<'_, T> {
+        // About 10 µs of spinning (a `spin_loop` is tens of cycles), then sleep.
+        for i in 0..SPINS {
+            if let Some(g) = self.0.try_lock() {
+                return g;
+            }
+            for _ in 0..(1u32 << (i / 64).min(4)) {
+                std::hint::spin_loop();
+            }
+        }
+        self.0.lock()
+    }
+}
+
+const SPINS: u32 = 256;

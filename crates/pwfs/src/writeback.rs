@@ -27,7 +27,8 @@ pub(crate) fn writeback_thread(fs: Weak<FsInner>, wake: Arc<(Mutex<bool>, Condva
         let Some(inner) = fs.upgrade() else { return };
         if inner.poisoned.lock().is_none() {
             // Errors poison the file system; the next caller sees them.
-            if inner.kick.swap(false, Ordering::Relaxed) {
+            let kicked = inner.kick.swap(false, Ordering::Relaxed);
+            if kicked {
                 // Write back until well under the limit, waking throttled writers
                 // after every round.
                 loop {
@@ -42,8 +43,13 @@ pub(crate) fn writeback_thread(fs: Weak<FsInner>, wake: Arc<(Mutex<bool>, Condva
                         break;
                     }
                 }
-            } else if let Err(e) = inner.commit() {
-                tracing::error!("periodic commit failed: {e}");
+            }
+            // A commit every interval, and whenever the transaction grew big.
+            if !kicked || inner.commit_due.swap(false, Ordering::AcqRel) {
+                inner.commit_due.store(false, Ordering::Release);
+                if let Err(e) = inner.commit() {
+                    tracing::error!("periodic commit failed: {e}");
+                }
             }
         }
     }

@@ -12,13 +12,14 @@
 //! Lock order (the whole engine, DESIGN's layers top down): file access (`io`) →
 //! commit → metadata → inode state → tx → page → cache shard. Holding the state of one
 //! inode while locking it again deadlocks; debug builds check every acquisition and
-//! panic instead, naming the inode.
+//! panic instead, naming the inode. A directory's name index (`InodeCell::names`) is a
+//! leaf: taken under any of these, or alone by a lookup, and nothing is locked under it.
 
 use super::tx::{Tx, TxSize};
 use crate::format::{self as f, DiskInode};
 use crate::lock::FileLock;
 use crate::readahead::RaState;
-use parking_lot::{Mutex, RawMutex};
+use parking_lot::{Mutex, RawMutex, RwLock};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -145,6 +146,14 @@ pub struct Published {
 }
 
 /// One inode: its file-access lock, its state, and its readahead position.
+/// In-memory index of one directory: name → (slot, inode), and the free slots.
+#[derive(Default)]
+pub struct DirIndex {
+    pub names: HashMap<Vec<u8>, (u64, u64)>,
+    pub free: BTreeSet<u64>,
+    pub slots: u64,
+}
+
 pub struct InodeCell {
     pub ino: u64,
     /// The inode table block that holds it.
@@ -162,11 +171,17 @@ pub struct InodeCell {
     /// One past the highest page index ever put in the cache for this inode: a
     /// truncate or delete looks for pages below it only.
     pages_end: AtomicU64,
+    /// A directory's names, once loaded (`Meta::dir`); `None` for other inodes.
+    /// Changed under the metadata lock; read without it (`Fs::lookup`). A leaf lock:
+    /// nothing else is taken under it. (A sharded lock here, and for the table below,
+    /// measured slower: a create or delete writes both several times.)
+    pub names: Option<Box<RwLock<Option<DirIndex>>>>,
 }
 
 impl InodeCell {
     pub fn new(ino: u64, table_block: u64, node: Inode) -> InodeCell {
         let published = Published { size: AtomicU64::new(node.d.size), freed: AtomicBool::new(node.freed) };
+        let names = (node.kind() == f::S_IFDIR).then(|| Box::new(RwLock::new(None)));
         InodeCell {
             ino,
             table_block,
@@ -177,7 +192,20 @@ impl InodeCell {
             ra: RaState::default(),
             pages_end: AtomicU64::new(0),
             opens: Default::default(),
+            names,
         }
+    }
+
+    /// A cell for an inode about to be created, with the type and permissions `mode`
+    /// (`Meta::new_inode` gives it a number): its allocations are made before the
+    /// metadata lock is taken.
+    pub fn blank(mode: u32) -> Arc<InodeCell> {
+        Arc::new(InodeCell::new(0, 0, Inode { d: DiskInode { mode, ..Default::default() }, ..Default::default() }))
+    }
+
+    /// The state of a cell nobody else holds yet.
+    pub fn state_mut(&mut self) -> &mut Inode {
+        Arc::get_mut(&mut self.state).expect("a blank cell is not shared").get_mut()
     }
 
     /// Pages up to (not including) `end` may be in the cache now.
@@ -311,6 +339,12 @@ impl InodeTable {
 
     pub fn get(&self, ino: u64) -> Option<Arc<InodeCell>> {
         self.shard(ino).lock().get(&ino).cloned()
+    }
+
+    /// `f` of the inode's cell, if it is in memory, without taking a reference to it
+    /// (a cell that many threads reach, such as the root's, keeps its count still).
+    pub fn with<T>(&self, ino: u64, f: impl FnOnce(&InodeCell) -> T) -> Option<T> {
+        self.shard(ino).lock().get(&ino).map(|c| f(c))
     }
 
     pub fn insert(&self, cell: Arc<InodeCell>) {

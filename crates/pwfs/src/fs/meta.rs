@@ -19,12 +19,7 @@ use crate::journal::Transaction;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-/// In-memory index of one directory: name → slot, and the free slots.
-pub struct DirIndex {
-    pub names: HashMap<Vec<u8>, u64>,
-    pub free: BTreeSet<u64>,
-    pub slots: u64,
-}
+pub use super::inode::DirIndex;
 
 pub struct Meta {
     pub sb: Superblock,
@@ -36,7 +31,6 @@ pub struct Meta {
     pub table: Arc<InodeTable>,
     /// The running transaction's bookkeeping (its own lock).
     pub tx: Arc<Tx>,
-    dirs: HashMap<u64, DirIndex>,
     pub alloc: Allocator,
     /// Blocks promised to delayed allocations (`add_reserved`).
     reserved: u64,
@@ -91,7 +85,6 @@ impl Meta {
             pinned: HashSet::new(),
             table,
             tx,
-            dirs: HashMap::new(),
             reserved: 0,
             to_free: BTreeSet::new(),
             block_limit: 16384,
@@ -518,15 +511,17 @@ impl Meta {
         Ok(TxSize::new(need as u64 + grown.min(bitmap) + shrunk.min(bitmap), shrunk))
     }
 
-    /// Allocate an inode number and a fresh in-memory inode (stored at commit).
-    pub fn new_inode(&mut self, mode: u32, uid: u32, gid: u32) -> Result<u64> {
+    /// Allocate an inode number and give it `cell`, a new cell (`InodeCell::blank`, made
+    /// before the metadata lock was taken); the inode is stored at commit.
+    pub fn new_inode(&mut self, mut cell: Arc<InodeCell>, uid: u32, gid: u32) -> Result<u64> {
         if self.ifree == 0 {
             return Err(Error::no_space("no free inodes"));
         }
         let n = self.sb.inode_count;
         let mut i = self.ihint;
         while bit(&self.iused, i) {
-            i = (i + 1) % n;
+            let full_word = i.is_multiple_of(64) && i + 64 <= n && self.iused[(i / 64) as usize] == u64::MAX;
+            i = (i + if full_word { 64 } else { 1 }) % n;
         }
         // The first inode in use in its table block: the block is initialised now
         // (zeroed in memory, never read), so that mkfs need not zero the table.
@@ -542,18 +537,14 @@ impl Meta {
         let ino = i + 1;
         let t = now();
         self.generation_seed = self.generation_seed.wrapping_mul(1_103_515_245).wrapping_add(12345);
-        let d = DiskInode {
-            mode,
-            uid,
-            gid,
-            nlink: 0,
-            atime: t,
-            mtime: t,
-            ctime: t,
-            generation: self.generation_seed,
-            ..Default::default()
-        };
-        let cell = Arc::new(InodeCell::new(ino, self.inode_slot(ino).0, Inode { d, ..Default::default() }));
+        let table_block = self.inode_slot(ino).0;
+        let c = Arc::get_mut(&mut cell).expect("a blank cell is not shared");
+        c.ino = ino;
+        c.table_block = table_block;
+        let d = &mut c.state_mut().d;
+        (d.uid, d.gid, d.nlink) = (uid, gid, 0);
+        (d.atime, d.mtime, d.ctime) = (t, t, t);
+        d.generation = self.generation_seed;
         self.table.insert(cell.clone());
         cell.lock().register(&self.tx, None);
         Ok(ino)
@@ -579,13 +570,15 @@ impl Meta {
             self.free_blocks(node.d.xattr_block, 1, true)?;
         }
         self.add_reserved(-(node.reserved.len() as i64));
-        self.dirs.remove(&ino);
         let (blk, off) = self.inode_slot(ino);
         let b = self.modify(blk)?;
         b[off..off + f::INODE_SIZE].fill(0);
         let i = ino - 1;
         self.iused[(i / 64) as usize] &= !(1 << (i % 64));
         self.ifree += 1;
+        // The next inode takes this number: its table block is likely in the running
+        // transaction already (a create after a delete costs no new block).
+        self.ihint = i;
         self.set_bitmap(self.sb.inode_bitmap_start, i, false)?;
         Ok(())
     }
@@ -615,37 +608,39 @@ impl Meta {
         Ok(node.d.parent)
     }
 
-    /// The directory's index, built from its blocks on first use.
-    pub fn dir(&mut self, dir: u64) -> Result<&mut DirIndex> {
-        if !self.dirs.contains_key(&dir) {
-            let node = self.inode(dir)?;
-            if !node.is_dir() {
-                return Err(Error::not_dir(""));
-            }
-            let nblocks = node.d.size / BLOCK;
-            drop(node);
-            let mut idx =
-                DirIndex { names: HashMap::new(), free: BTreeSet::new(), slots: nblocks * f::DIRENTS_PER_BLOCK as u64 };
-            for l in 0..nblocks {
-                let (phys, _) = self.dir_slot_block(dir, l * f::DIRENTS_PER_BLOCK as u64)?;
-                let entries = f::dir_block_decode(dir, self.block(phys)?)?;
-                for (i, e) in entries.into_iter().enumerate() {
-                    let slot = l * f::DIRENTS_PER_BLOCK as u64 + i as u64;
-                    match e {
-                        Some(e) => {
-                            if idx.names.insert(e.name, slot).is_some() {
-                                return Err(Error::corrupt(format!("directory {dir}: duplicate name")));
-                            }
+    /// Work on the directory's index (in its cell; built from its blocks on first
+    /// use). `f` runs under the index's lock, a leaf: it takes no other lock.
+    pub fn dir<T>(&mut self, dir: u64, f: impl FnOnce(&mut DirIndex) -> T) -> Result<T> {
+        let cell = self.cell(dir)?;
+        let Some(names) = &cell.names else {
+            return Err(Error::not_dir(""));
+        };
+        if let Some(idx) = names.write().as_mut() {
+            return Ok(f(idx));
+        }
+        let nblocks = cell.lock().d.size / BLOCK;
+        let mut idx =
+            DirIndex { names: HashMap::new(), free: BTreeSet::new(), slots: nblocks * f::DIRENTS_PER_BLOCK as u64 };
+        for l in 0..nblocks {
+            let (phys, _) = self.dir_slot_block(dir, l * f::DIRENTS_PER_BLOCK as u64)?;
+            let entries = f::dir_block_decode(dir, self.block(phys)?)?;
+            for (i, e) in entries.into_iter().enumerate() {
+                let slot = l * f::DIRENTS_PER_BLOCK as u64 + i as u64;
+                match e {
+                    Some(e) => {
+                        if idx.names.insert(e.name, (slot, e.ino)).is_some() {
+                            return Err(Error::corrupt(format!("directory {dir}: duplicate name")));
                         }
-                        None => {
-                            idx.free.insert(slot);
-                        }
+                    }
+                    None => {
+                        idx.free.insert(slot);
                     }
                 }
             }
-            self.dirs.insert(dir, idx);
         }
-        Ok(self.dirs.get_mut(&dir).expect("loaded"))
+        // Loads happen under the metadata lock only: nobody filled it meanwhile.
+        let mut names = names.write();
+        Ok(f(names.insert(idx)))
     }
 
     /// Every slot of directory block `lblk`.
@@ -654,24 +649,14 @@ impl Meta {
         Ok(f::dir_block_decode(dir, self.block(phys)?)?)
     }
 
-    pub fn dir_entry(&mut self, dir: u64, slot: u64) -> Result<Option<f::Dirent>> {
-        let (phys, i) = self.dir_slot_block(dir, slot)?;
-        let b = self.block(phys)?;
-        Ok(f::dir_block_decode(dir, b)?.swap_remove(i))
-    }
-
+    /// The inode `name` names in `dir`, and its slot.
     pub fn lookup(&mut self, dir: u64, name: &[u8]) -> Result<Option<(u64, u64)>> {
-        let slot = match self.dir(dir)?.names.get(name) {
-            Some(s) => *s,
-            None => return Ok(None),
-        };
-        let e = self.dir_entry(dir, slot)?.ok_or_else(|| Error::corrupt("directory index out of date"))?;
-        Ok(Some((e.ino, slot)))
+        self.dir(dir, |idx| idx.names.get(name).map(|(slot, ino)| (*ino, *slot)))
     }
 
     /// Add `name → ino` to `dir` (the caller checked that the name is absent).
     pub fn dir_add(&mut self, dir: u64, name: &[u8], ino: u64, ftype: u8) -> Result<()> {
-        let slot = match self.dir(dir)?.free.pop_first() {
+        let slot = match self.dir(dir, |idx| idx.free.pop_first())? {
             Some(s) => s,
             None => {
                 // Grow the directory by one block.
@@ -684,34 +669,37 @@ impl Meta {
                 node.d.size += BLOCK;
                 node.register(&tx, None);
                 drop(node);
-                let idx = self.dir(dir)?;
-                let first = idx.slots;
-                idx.slots += f::DIRENTS_PER_BLOCK as u64;
-                idx.free.extend(first + 1..idx.slots);
-                first
+                self.dir(dir, |idx| {
+                    let first = idx.slots;
+                    idx.slots += f::DIRENTS_PER_BLOCK as u64;
+                    idx.free.extend(first + 1..idx.slots);
+                    first
+                })?
             }
         };
         let (phys, i) = self.dir_slot_block(dir, slot)?;
         let b = self.modify(phys)?;
         f::dirent_put(b, i, Some(&f::Dirent { ino, ftype, name: name.to_vec() }));
         f::dir_block_seal(b);
-        self.dir(dir)?.names.insert(name.to_vec(), slot);
+        self.dir(dir, |idx| idx.names.insert(name.to_vec(), (slot, ino)))?;
         Ok(())
     }
 
     pub fn dir_remove(&mut self, dir: u64, name: &[u8]) -> Result<()> {
-        let slot = self.dir(dir)?.names.remove(name).ok_or_else(|| Error::not_found(""))?;
+        let (slot, _) = self.dir(dir, |idx| idx.names.remove(name))?.ok_or_else(|| Error::not_found(""))?;
         let (phys, i) = self.dir_slot_block(dir, slot)?;
         let b = self.modify(phys)?;
         f::dirent_put(b, i, None);
         f::dir_block_seal(b);
-        self.dir(dir)?.free.insert(slot);
+        self.dir(dir, |idx| idx.free.insert(slot))?;
         Ok(())
     }
 
     /// Point an existing entry at another inode (rename over an existing name).
     pub fn dir_replace(&mut self, dir: u64, name: &[u8], ino: u64, ftype: u8) -> Result<()> {
-        let slot = *self.dir(dir)?.names.get(name).ok_or_else(|| Error::not_found(""))?;
+        let slot = self
+            .dir(dir, |idx| idx.names.get_mut(name).map(|e| std::mem::replace(e, (e.0, ino)).0))?
+            .ok_or_else(|| Error::not_found(""))?;
         let (phys, i) = self.dir_slot_block(dir, slot)?;
         let b = self.modify(phys)?;
         f::dirent_put(b, i, Some(&f::Dirent { ino, ftype, name: name.to_vec() }));
@@ -720,7 +708,7 @@ impl Meta {
     }
 
     pub fn dir_is_empty(&mut self, dir: u64) -> Result<bool> {
-        Ok(self.dir(dir)?.names.is_empty())
+        self.dir(dir, |idx| idx.names.is_empty())
     }
 
     /// The extended attributes of `ino` (sorted by name).

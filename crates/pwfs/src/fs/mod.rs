@@ -66,7 +66,7 @@ pub(crate) struct FsInner {
     pub(crate) dev: Arc<dyn Device>,
     pub(crate) sb: Superblock,
     pub(crate) config: Config,
-    pub(crate) meta: Mutex<Meta>,
+    pub(crate) meta: crate::lock::SpinMutex<Meta>,
     pub(crate) journal: Mutex<Journal>,
     /// The most log blocks one transaction may take (the journal's log): operations
     /// are admitted only while the running transaction, with what they add, fits.
@@ -90,6 +90,9 @@ pub(crate) struct FsInner {
     pub(crate) wake: Arc<(Mutex<bool>, Condvar)>,
     /// The write-back thread was woken for dirty data (not by its timer).
     pub(crate) kick: std::sync::atomic::AtomicBool,
+    /// The running transaction has grown past a quarter of the journal: the
+    /// write-back thread commits it.
+    pub(crate) commit_due: std::sync::atomic::AtomicBool,
     /// Writers over the dirty limit wait here for the write-back thread.
     pub(crate) throttle: (Mutex<()>, Condvar),
     pub(crate) thread: Mutex<Option<JoinHandle<()>>>,
@@ -194,7 +197,7 @@ impl Fs {
             cache: PageCache::new((config.cache_bytes / BLOCK) as usize),
             dev,
             sb,
-            meta: Mutex::new(meta),
+            meta: crate::lock::SpinMutex::new(meta),
             inodes,
             tx,
             commit_lock: Mutex::new(()),
@@ -204,6 +207,7 @@ impl Fs {
             is_poisoned: Default::default(),
             wake: Arc::new((Mutex::new(false), Condvar::new())),
             kick: Default::default(),
+            commit_due: Default::default(),
             throttle: (Mutex::new(()), Condvar::new()),
             thread: Mutex::new(None),
             helpers: Mutex::new(Vec::new()),

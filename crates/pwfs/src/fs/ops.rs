@@ -83,6 +83,9 @@ impl Fs {
     }
 
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Metadata> {
+        if let Some(ino) = self.lookup_cached(parent, name)? {
+            return self.getattr(ino);
+        }
         let ino = {
             let mut m = self.meta();
             let dotdot = m.dir_parent(parent)?;
@@ -96,6 +99,28 @@ impl Fs {
             }
         };
         self.getattr(ino)
+    }
+
+    /// A lookup answered without the metadata lock, from the directory's name index when
+    /// the directory and its index are in memory (an index is complete, so a name not in
+    /// it is not there). `Ok(None)`: not in memory, take the metadata lock.
+    fn lookup_cached(&self, parent: u64, name: &[u8]) -> Result<Option<u64>> {
+        let found = self.inner.inodes.with(parent, |cell| {
+            let Some(names) = &cell.names else {
+                return Err(Error::not_dir(""));
+            };
+            match name {
+                b"." => return Ok(Some(parent)),
+                b".." => return Ok(Some(cell.lock().d.parent)),
+                _ => check_name(name)?,
+            }
+            let names = names.read();
+            match names.as_ref() {
+                None => Ok(None),
+                Some(idx) => idx.names.get(name).map(|(_, ino)| Some(*ino)).ok_or_else(|| Error::not_found("")),
+            }
+        });
+        found.unwrap_or(Ok(None))
     }
 
     /// `name` can be added to `parent`: a valid name, in a live directory, not taken.
@@ -133,12 +158,13 @@ impl Fs {
         self.inner.check_writable()?;
         let is_dir = mode & f::S_IFMT == f::S_IFDIR;
         let long_target = target.is_some_and(|t| t.len() > f::INLINE_MAX);
+        let cell = InodeCell::blank(mode);
         let (mut m, ()) = self.inner.admitted(|m| {
             Self::check_new_name(m, parent, name)?;
             if is_dir && m.inode(parent)?.d.nlink >= LINK_MAX {
                 return Err(Error::too_many_links(""));
             }
-            let grow = m.dir(parent)?.free.is_empty();
+            let grow = m.dir(parent, |idx| idx.free.is_empty())?;
             // The parent, the new inode and its bitmap block, the entry, a long
             // symlink's block and its bitmap block.
             let tx = m.inode_cost(parent, grow as u64)?.plus(TxSize::new(2 + 2 * long_target as u64, 0));
@@ -147,7 +173,7 @@ impl Fs {
         })?;
         let ino = self.inner.mutate(&mut m, |m| {
             let tx = m.tx.clone();
-            let ino = m.new_inode(mode, uid, gid)?;
+            let ino = m.new_inode(cell, uid, gid)?;
             let payload = match target {
                 Some(t) if t.len() > f::INLINE_MAX => Some(m.write_payload_block(t)?),
                 _ => None,
@@ -244,7 +270,7 @@ impl Fs {
             }
             let mode = node.d.mode;
             drop(node);
-            let grow = m.dir(parent)?.free.is_empty();
+            let grow = m.dir(parent, |idx| idx.free.is_empty())?;
             let tx = m.inode_cost(parent, grow as u64)?.plus(m.inode_cost(ino, 0)?).plus(entry_cost(grow));
             Ok((Need { tx, blocks: grow as u64, inode: false }, mode))
         })?;
@@ -267,16 +293,21 @@ impl Fs {
     }
 
     /// Drop one link of `ino`; free it once no name and no handle is left.
-    fn drop_link(m: &mut Meta, ino: u64, is_dir: bool) -> Result<()> {
+    /// Returns the inode's cell if that was its last name and no handle holds it: the
+    /// caller frees it (`FsInner::free_now`) once the metadata lock is dropped; until
+    /// then it is listed for the next commit to free.
+    fn drop_link(m: &mut Meta, ino: u64, is_dir: bool) -> Result<Option<std::sync::Arc<InodeCell>>> {
         let gone = m.update(ino, |node| {
             node.d.nlink = if is_dir { 0 } else { node.d.nlink - 1 };
             node.d.ctime = now();
             node.d.nlink == 0
         })?;
-        if gone && m.cell(ino)?.opens.load(std::sync::atomic::Ordering::Acquire) == 0 {
+        let cell = m.cell(ino)?;
+        if gone && cell.opens.load(std::sync::atomic::Ordering::Acquire) == 0 {
             m.to_free.insert(ino);
+            return Ok(Some(cell));
         }
-        Ok(())
+        Ok(None)
     }
 
     pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
@@ -303,7 +334,7 @@ impl Fs {
             let tx = m.inode_cost(parent, 0)?.plus(m.inode_cost(ino, 0)?).plus(entry_cost(false));
             Ok((Need::tx(tx), (ino, is_dir)))
         })?;
-        self.inner.mutate(&mut m, |m| {
+        let gone = self.inner.mutate(&mut m, |m| {
             m.dir_remove(parent, name)?;
             let t = now();
             m.update(parent, |p| {
@@ -316,6 +347,9 @@ impl Fs {
             Self::drop_link(m, ino, is_dir)
         })?;
         drop(m);
+        if let Some(cell) = gone {
+            self.inner.free_now(&cell)?;
+        }
         self.inner.maybe_commit()
     }
 
@@ -365,7 +399,7 @@ impl Fs {
                     Self::check_replaceable(m, src_dir, d)?;
                     false
                 }
-                None => m.dir(dp)?.free.is_empty(),
+                None => m.dir(dp, |idx| idx.free.is_empty())?,
             };
             let mut tx = m.inode_cost(sp, 0)?.plus(m.inode_cost(dp, grow as u64)?).plus(m.inode_cost(src, 0)?);
             if let Some(d) = dst {
@@ -378,8 +412,9 @@ impl Fs {
         let Some((src, src_mode, src_dir, dst)) = checked else {
             return Ok(());
         };
-        self.inner.mutate(&mut m, |m| {
+        let gone = self.inner.mutate(&mut m, |m| {
             let t = now();
+            let mut gone = None;
             match dst {
                 Some(d) => {
                     m.dir_replace(dp, dname, src, ftype_of(src_mode))?;
@@ -387,7 +422,7 @@ impl Fs {
                     if d_dir {
                         m.inode(dp)?.d.nlink -= 1;
                     }
-                    Self::drop_link(m, d, d_dir)?;
+                    gone = Self::drop_link(m, d, d_dir)?;
                 }
                 None => m.dir_add(dp, dname, src, ftype_of(src_mode))?,
             }
@@ -403,9 +438,13 @@ impl Fs {
                     n.d.ctime = t;
                 })?;
             }
-            m.update(src, |n| n.d.ctime = t)
+            m.update(src, |n| n.d.ctime = t)?;
+            Ok(gone)
         })?;
         drop(m);
+        if let Some(cell) = gone {
+            self.inner.free_now(&cell)?;
+        }
         self.inner.maybe_commit()
     }
 
@@ -422,7 +461,7 @@ impl Fs {
             out.push(DirEntry { ino: parent, kind: FileType::Directory, name: b"..".to_vec(), next: 2 });
         }
         let per = f::DIRENTS_PER_BLOCK as u64;
-        let slots = m.dir(ino)?.slots;
+        let slots = m.dir(ino, |idx| idx.slots)?;
         let mut slot = offset.saturating_sub(2);
         while slot < slots && out.len() < max {
             let entries = m.dir_block_entries(ino, slot / per)?;
@@ -610,14 +649,23 @@ impl Fs {
         use std::sync::atomic::Ordering;
         let ino = cell.ino;
         let last = cell.opens.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)) == Ok(1);
-        if last {
+        // The link count is read under the inode's lock, which `drop_link` takes to
+        // set it to 0 before it reads the open count: if this sees a link, the unlink
+        // sees this release. A linked file is released without the metadata lock.
+        let gone = || {
+            let node = cell.lock();
+            !node.freed && node.d.nlink == 0
+        };
+        if last && gone() {
             let mut m = self.meta();
-            let gone = {
-                let node = cell.lock();
-                !node.freed && node.d.nlink == 0
-            };
-            if cell.opens.load(Ordering::Acquire) == 0 && gone {
+            if cell.opens.load(Ordering::Acquire) == 0 && gone() {
                 m.to_free.insert(ino);
+                drop(m);
+                // An error poisons the file system (the next call reports it), and
+                // the inode stays listed for the commit.
+                if let Err(e) = self.inner.free_now(cell) {
+                    tracing::warn!("inode {ino}: freeing at its last release failed: {e}");
+                }
             }
         }
     }
