@@ -1,10 +1,13 @@
-//! `pwfs bench fuse`: the same workloads on a Patchwork FUSE mount and on ext4 on
-//! this disk, alternating between the two in every run. Needs root (FUSE mount).
+//! `pwfs bench fuse`: the same workloads on Patchwork FUSE mounts and on ext4 on this
+//! disk, alternating between them in every run. Needs root (FUSE mount). Columns:
+//! `pwfs` (the default mount: the kernel caches clean data, writes go through),
+//! `pwfs-direct` (`--kernel-cache off`: every read and write is a request),
+//! `pwfs-wback` (`--kernel-cache write-back`: the kernel buffers writes too) and `ext4`.
 //!
 //! Cold reads: Patchwork's cache is evicted through the engine, the kernel's dropped
-//! with POSIX_FADV_DONTNEED (on ext4 and, for the mount, on the FUSE file, which keeps
-//! no data cache since files are opened with direct I/O).
+//! with POSIX_FADV_DONTNEED (on ext4 and on the FUSE file).
 
+use crate::personalities::{self, Personality};
 use crate::{median, percentiles, shuffled_pages, Opts, Report};
 use pwfs::{Config, Fs, MkfsOptions};
 use std::fs::{File, OpenOptions};
@@ -52,6 +55,7 @@ fn run_cmd(cmd: &mut Command) -> R<()> {
 
 /// One side of the comparison: a directory, and the engine behind it if it is ours.
 struct Side {
+    name: &'static str,
     dir: PathBuf,
     fs: Option<Fs>,
 }
@@ -72,6 +76,9 @@ struct Sizes {
     writes: usize,
     reads: usize,
     git_files: usize,
+    /// Cached random reads per measurement, and appends of 100 bytes.
+    cached_reads: usize,
+    appends: usize,
 }
 
 fn untar(side: &Side, tarball: &Path, run: usize) -> R<f64> {
@@ -137,6 +144,49 @@ fn seq(side: &Side, s: &Sizes) -> R<(f64, f64)> {
     Ok((w, r))
 }
 
+/// 4 KiB random reads of a file read once before (fio psync on a warm file): ops/s.
+fn cached_reads(side: &Side, s: &Sizes, seed: u64) -> R<f64> {
+    let path = side.dir.join("rand.dat");
+    let f = File::open(&path).map_err(err("open"))?;
+    let mut buf = vec![0u8; MIB as usize];
+    for i in 0..s.rand_mib {
+        f.read_exact_at(&mut buf, i * MIB).map_err(err("warm"))?;
+    }
+    let pages = shuffled_pages(s.rand_mib * MIB / PAGE, s.cached_reads, seed);
+    let t = Instant::now();
+    for p in pages {
+        f.read_exact_at(&mut buf[..PAGE as usize], p * PAGE).map_err(err("pread"))?;
+    }
+    Ok(s.cached_reads as f64 / t.elapsed().as_secs_f64())
+}
+
+/// Records of 100 bytes appended with write(2), no sync (a write-ahead log without
+/// sync, as RocksDB's fillseq writes it): ops/s.
+fn small_appends(side: &Side, s: &Sizes) -> R<f64> {
+    let path = side.dir.join("wal.log");
+    let _ = std::fs::remove_file(&path);
+    let mut f = OpenOptions::new().create(true).append(true).open(&path).map_err(err("open"))?;
+    let rec = [0x42u8; 100];
+    let t = Instant::now();
+    for _ in 0..s.appends {
+        f.write_all(&rec).map_err(err("append"))?;
+    }
+    let r = s.appends as f64 / t.elapsed().as_secs_f64();
+    drop(f);
+    std::fs::remove_file(&path).map_err(err("rm"))?;
+    Ok(r)
+}
+
+/// `find` over the untarred tree, stat of every entry, warm: ms.
+fn find_tree(side: &Side) -> R<f64> {
+    let tree = side.dir.join("tree");
+    let walk = || run_cmd(Command::new("find").arg(&tree).args(["-printf", "%s %m\\n"]));
+    walk()?;
+    let t = Instant::now();
+    walk()?;
+    Ok(t.elapsed().as_secs_f64() * 1e3)
+}
+
 fn git_setup(side: &Side, s: &Sizes) -> R<()> {
     let repo = side.dir.join("repo");
     std::fs::create_dir_all(&repo).map_err(err("mkdir"))?;
@@ -172,28 +222,57 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
         return Err("pwfs bench fuse mounts a file system: run it as root".into());
     }
     let s = if o.file_mib <= 16 {
-        Sizes { seq_mib: 16, rand_mib: 16, writes: 256, reads: 100, git_files: 300 }
+        Sizes { seq_mib: 16, rand_mib: 16, writes: 256, reads: 100, git_files: 300, cached_reads: 2000, appends: 2000 }
     } else if o.file_mib <= 256 {
-        Sizes { seq_mib: 256, rand_mib: 64, writes: 2048, reads: o.ops, git_files: 10_000 }
+        Sizes {
+            seq_mib: 256,
+            rand_mib: 64,
+            writes: 2048,
+            reads: o.ops,
+            git_files: 10_000,
+            cached_reads: 100_000,
+            appends: 100_000,
+        }
     } else {
-        Sizes { seq_mib: 1024, rand_mib: 256, writes: 8192, reads: o.ops, git_files: 10_000 }
+        Sizes {
+            seq_mib: 1024,
+            rand_mib: 256,
+            writes: 8192,
+            reads: o.ops,
+            git_files: 10_000,
+            cached_reads: 400_000,
+            appends: 400_000,
+        }
     };
     std::fs::create_dir_all(&o.dir).map_err(err("create bench dir"))?;
-    let image = o.dir.join("fuse.img");
-    let mnt = o.dir.join("fuse-mnt");
     let ext4 = o.dir.join("fuse-ext4");
     let _ = std::fs::remove_dir_all(&ext4);
-    std::fs::create_dir_all(&mnt).map_err(err("mkdir"))?;
     std::fs::create_dir_all(&ext4).map_err(err("mkdir"))?;
-    progress("preparing the image and the source tarball");
-    let _ = std::fs::remove_file(&image);
-    pwfs::mkfs_image(&image, (s.seq_mib + s.rand_mib + 1024) * MIB, &MkfsOptions::default()).map_err(err("mkfs"))?;
-    let config = Config { cache_bytes: crate::basic::CACHE_BYTES, ..Default::default() };
-    let fs = pwfs::mount_image(&image, config).map_err(err("mount image"))?;
-    let mounted = pwfs_fuse::mount(fs.clone(), &mnt, false).map_err(err("FUSE mount"))?;
+    progress("preparing the images and the source tarball");
+    let modes = [
+        ("pwfs", pwfs_fuse::KernelCache::WriteThrough),
+        ("pwfs-direct", pwfs_fuse::KernelCache::Off),
+        ("pwfs-wback", pwfs_fuse::KernelCache::WriteBack),
+    ];
+    let mut mounts = Vec::new();
+    let mut sides = Vec::new();
+    for (name, cache) in modes {
+        let image = o.dir.join(format!("{name}.img"));
+        let mnt = o.dir.join(format!("{name}-mnt"));
+        std::fs::create_dir_all(&mnt).map_err(err("mkdir"))?;
+        let _ = std::fs::remove_file(&image);
+        pwfs::mkfs_image(&image, (s.seq_mib + s.rand_mib + 1024) * MIB, &MkfsOptions::default())
+            .map_err(err("mkfs"))?;
+        let config = Config { cache_bytes: crate::basic::CACHE_BYTES, ..Default::default() };
+        let fs = pwfs::mount_image(&image, config).map_err(err("mount image"))?;
+        let options = pwfs_fuse::MountOptions { allow_other: false, kernel_cache: cache };
+        let mounted = pwfs_fuse::mount_with(fs.clone(), &mnt, &options).map_err(err("FUSE mount"))?;
+        mounts.push((mounted, fs.clone(), image));
+        sides.push(Side { name, dir: mnt, fs: Some(fs) });
+    }
+    sides.push(Side { name: "ext4", dir: ext4.clone(), fs: None });
     let tarball = o.dir.join("src.tar");
     run_cmd(Command::new("tar").arg("-C").arg("/usr").arg("-cf").arg(&tarball).arg("include"))?;
-    let sides = [Side { dir: mnt.clone(), fs: Some(fs.clone()) }, Side { dir: ext4.clone(), fs: None }];
     let result = (|| -> R<Report> {
         for side in &sides {
             let mut f = File::create(side.dir.join("rand.dat")).map_err(err("create"))?;
@@ -203,60 +282,131 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
             }
             f.sync_all().map_err(err("fsync"))?;
             git_setup(side, &s)?;
+            let tree = side.dir.join("tree");
+            std::fs::create_dir_all(&tree).map_err(err("mkdir"))?;
+            run_cmd(Command::new("tar").arg("-C").arg(&tree).arg("-xf").arg(&tarball))?;
         }
-        let mut untar_s = [Vec::new(), Vec::new()];
-        let mut wops = [Vec::new(), Vec::new()];
-        let mut seqw = [Vec::new(), Vec::new()];
-        let mut seqr = [Vec::new(), Vec::new()];
-        let mut git_ms = [Vec::new(), Vec::new()];
-        let mut reads = [Vec::new(), Vec::new()];
+        let n = sides.len();
+        let mut untar_s = vec![Vec::new(); n];
+        let mut find_ms = vec![Vec::new(); n];
+        let mut wops = vec![Vec::new(); n];
+        let mut cached = vec![Vec::new(); n];
+        let mut appends = vec![Vec::new(); n];
+        let mut seqw = vec![Vec::new(); n];
+        let mut seqr = vec![Vec::new(); n];
+        let mut git_ms = vec![Vec::new(); n];
+        let mut reads = vec![Vec::new(); n];
+        let mut persona = vec![vec![Vec::new(); n]; Personality::ALL.len()];
+        let load_of = |p: Personality| match o.file_mib {
+            0..=16 => p.smoke(),
+            17..=256 => p.quick(),
+            _ => p.full(),
+        };
         for run in 0..o.runs {
             progress(&format!("run {} of {}", run + 1, o.runs));
-            for (i, side) in sides.iter().enumerate() {
-                untar_s[i].push(untar(side, &tarball, run)?);
+            // Each workload visits the sides in turn, starting from another side in
+            // every run.
+            let order: Vec<usize> = (0..n).map(|i| (i + run) % n).collect();
+            for &i in &order {
+                untar_s[i].push(untar(&sides[i], &tarball, run)?);
             }
-            for (i, side) in sides.iter().enumerate() {
-                wops[i].push(rand_writes(side, &s, o.seed + run as u64)?);
+            for &i in &order {
+                find_ms[i].push(find_tree(&sides[i])?);
             }
-            for (i, side) in sides.iter().enumerate() {
-                reads[i].extend(rand_reads(side, &s, o.seed + 100 + run as u64)?);
+            for &i in &order {
+                wops[i].push(rand_writes(&sides[i], &s, o.seed + run as u64)?);
             }
-            for (i, side) in sides.iter().enumerate() {
-                let (w, r) = seq(side, &s)?;
+            for &i in &order {
+                cached[i].push(cached_reads(&sides[i], &s, o.seed + 50 + run as u64)?);
+            }
+            for &i in &order {
+                reads[i].extend(rand_reads(&sides[i], &s, o.seed + 100 + run as u64)?);
+            }
+            for &i in &order {
+                appends[i].push(small_appends(&sides[i], &s)?);
+            }
+            for &i in &order {
+                let (w, r) = seq(&sides[i], &s)?;
                 seqw[i].push(w);
                 seqr[i].push(r);
             }
-            for (i, side) in sides.iter().enumerate() {
-                git_status(side)?; // warm the metadata caches
-                git_ms[i].push(git_status(side)?);
+            for &i in &order {
+                git_status(&sides[i])?; // warm the metadata caches
+                git_ms[i].push(git_status(&sides[i])?);
+            }
+            for (k, p) in Personality::ALL.into_iter().enumerate() {
+                let load = load_of(p);
+                for &i in &order {
+                    progress(&format!("run {} of {}: {}-like on {}", run + 1, o.runs, p.name(), sides[i].name));
+                    personalities::prepare(p, &sides[i].dir, &load)?;
+                    syncfs(&sides[i].dir)?;
+                    persona[k][i].push(personalities::run(p, &sides[i].dir, &load)?);
+                    personalities::cleanup(p, &sides[i].dir)?;
+                }
             }
         }
         let mut r = Report {
             title: format!(
-                "pwfs bench fuse: pwfs FUSE mount vs ext4 on the same disk, median of {} runs (pwfs cache {} MiB)",
+                "pwfs bench fuse: pwfs FUSE mounts (kernel cache write-through, off, write-back) vs ext4 on the same disk, \
+                 median of {} runs (pwfs cache {} MiB)",
                 o.runs,
                 crate::basic::CACHE_BYTES / MIB
             ),
-            columns: vec!["pwfs".into(), "ext4".into()],
+            columns: sides.iter().map(|s| s.name.to_string()).collect(),
             device: Some(device),
             ..Default::default()
         };
-        let two = |v: &[Vec<f64>; 2]| [("pwfs", median(v[0].clone())), ("ext4", median(v[1].clone()))];
-        r.row("untar /usr/include + syncfs", "s", true, &two(&untar_s));
-        r.row(&format!("4K random write, fsync/64 ({} MiB file)", s.rand_mib), "ops/s", false, &two(&wops));
-        let (p0, p1) = (percentiles(reads[0].clone()), percentiles(reads[1].clone()));
-        r.row("cold 4K random read p50", "us", true, &[("pwfs", p0.0), ("ext4", p1.0)]);
-        r.row("cold 4K random read p99", "us", true, &[("pwfs", p0.1), ("ext4", p1.1)]);
-        r.row(&format!("seq write 1M x {} + fsync", s.seq_mib), "MB/s", false, &two(&seqw));
-        r.row("seq read 1M cold", "MB/s", false, &two(&seqr));
-        r.row(&format!("git status, {} files (warm)", s.git_files), "ms", true, &two(&git_ms));
-        r.notes.push("ratios in the last column are pwfs / ext4 (for times, > 1 means pwfs is slower)".into());
+        let cols = |v: &[Vec<f64>]| -> Vec<(&str, f64)> {
+            sides.iter().zip(v).map(|(side, v)| (side.name, median(v.clone()))).collect()
+        };
+        let untar_row = "untar /usr/include + syncfs";
+        let find_row = "find -printf %s of that tree, warm";
+        let cached_row = "cached 4K random read (psync)";
+        let cold_row = "cold 4K random read p50";
+        let append_row = "100 B appends, no sync";
+        r.row(untar_row, "s", true, &cols(&untar_s));
+        r.row(find_row, "ms", true, &cols(&find_ms));
+        r.row(&format!("4K random write, fsync/64 ({} MiB file)", s.rand_mib), "ops/s", false, &cols(&wops));
+        r.row(cached_row, "ops/s", false, &cols(&cached));
+        let pct: Vec<(f64, f64)> = reads.iter().map(|v| percentiles(v.clone())).collect();
+        let p50: Vec<(&str, f64)> = sides.iter().zip(&pct).map(|(side, p)| (side.name, p.0)).collect();
+        let p99: Vec<(&str, f64)> = sides.iter().zip(&pct).map(|(side, p)| (side.name, p.1)).collect();
+        r.row(cold_row, "us", true, &p50);
+        r.row("cold 4K random read p99", "us", true, &p99);
+        r.row(append_row, "ops/s", false, &cols(&appends));
+        r.row(&format!("seq write 1M x {} + fsync", s.seq_mib), "MB/s", false, &cols(&seqw));
+        r.row("seq read 1M cold", "MB/s", false, &cols(&seqr));
+        r.row(&format!("git status, {} files (warm)", s.git_files), "ms", true, &cols(&git_ms));
+        let mut persona_rows = Vec::new();
+        for (k, p) in Personality::ALL.into_iter().enumerate() {
+            let load = load_of(p);
+            let name = format!("{}-like, {} threads", p.name(), load.threads);
+            r.row(&name, "ops/s", false, &cols(&persona[k]));
+            persona_rows.push((p, name));
+        }
+        r.ratio_bases.push("ext4".into());
+        r.target("cached reads", cached_row, "pwfs", "ext4", None, Some(0.7));
+        r.target("cold reads (latency: pwfs / ext4)", cold_row, "pwfs", "ext4", Some(1.0 / 0.7), None);
+        r.target("untar (time)", untar_row, "pwfs", "ext4", Some(1.3), None);
+        r.target("find (time)", find_row, "pwfs", "ext4", Some(1.3), None);
+        for (p, name) in &persona_rows {
+            let at_least = match p {
+                Personality::WebProxy => 0.7,
+                Personality::FileServer | Personality::VarMail => 0.6,
+                Personality::RandomRw => 0.5,
+            };
+            r.target(p.name(), name, "pwfs", "ext4", None, Some(at_least));
+        }
+        r.notes.push("pwfs / best kernel: for times, > 1 means pwfs is slower".into());
+        r.notes.push("ext4 runs with all of the machine's memory for its page cache".into());
         Ok(r)
     })();
     drop(sides);
-    let _ = mounted.unmount();
-    let _ = fs.unmount();
-    let _ = std::fs::remove_file(&image);
+    for (mounted, fs, image) in mounts {
+        let _ = mounted.unmount();
+        let _ = fs.unmount();
+        let _ = std::fs::remove_file(&image);
+    }
     let _ = std::fs::remove_file(&tarball);
     let _ = std::fs::remove_dir_all(&ext4);
     result
@@ -277,7 +427,8 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("pwfs-bench-fuse-{}", std::process::id()));
         let r = run(&Opts::smoke(dir.clone()), &mut |_| {}).unwrap();
         r.check_filled().unwrap();
-        assert_eq!(r.rows.len(), 7);
+        assert_eq!(r.rows.len(), 15);
+        assert_eq!(r.columns, ["pwfs", "pwfs-direct", "pwfs-wback", "ext4"]);
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -20,6 +20,7 @@ pub mod basic;
 pub mod fuse;
 pub mod kernel;
 pub mod nbw;
+pub mod personalities;
 pub mod report;
 pub mod scale;
 

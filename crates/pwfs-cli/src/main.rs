@@ -65,6 +65,14 @@ enum Cmd {
         /// unmounted cleanly (it always runs when it was not).
         #[arg(long)]
         check: bool,
+        /// What the kernel caches of file data: write-through keeps clean data in the
+        /// kernel's page cache (a cached read is no request; writes reach Patchwork as
+        /// made); off opens files for direct I/O (every read and write is a request,
+        /// writes to one file run in parallel); write-back buffers writes in the kernel
+        /// too (whole pages reach Patchwork later; a partial write to an uncached page
+        /// reads it first).
+        #[arg(long, value_enum, default_value = "write-through")]
+        kernel_cache: KernelCache,
     },
     /// Unmount a pwfs mount point (the serving process then flushes and exits).
     Umount { mountpoint: PathBuf },
@@ -116,6 +124,23 @@ impl From<Fetch> for pwfs::FetchPolicy {
             Fetch::AsyncFg => pwfs::FetchPolicy::AsyncForeground,
             Fetch::AsyncBg => pwfs::FetchPolicy::AsyncBackground,
             Fetch::Lazy => pwfs::FetchPolicy::Lazy,
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum KernelCache {
+    Off,
+    WriteThrough,
+    WriteBack,
+}
+
+impl From<KernelCache> for pwfs_fuse::KernelCache {
+    fn from(k: KernelCache) -> Self {
+        match k {
+            KernelCache::Off => pwfs_fuse::KernelCache::Off,
+            KernelCache::WriteThrough => pwfs_fuse::KernelCache::WriteThrough,
+            KernelCache::WriteBack => pwfs_fuse::KernelCache::WriteBack,
         }
     }
 }
@@ -248,7 +273,7 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Mount { image, mountpoint, size, cache, daemon, allow_other, fetch, check } => {
+        Cmd::Mount { image, mountpoint, size, cache, daemon, allow_other, fetch, check, kernel_cache } => {
             mount::run(&mount::MountArgs {
                 image,
                 mountpoint,
@@ -258,6 +283,7 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
                 allow_other,
                 fetch: fetch.into(),
                 check,
+                kernel_cache: kernel_cache.into(),
             })
         }
         Cmd::Stat { mountpoint } => {

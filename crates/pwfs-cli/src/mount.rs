@@ -71,6 +71,7 @@ pub struct MountArgs {
     pub fetch: pwfs::FetchPolicy,
     /// Run the full check even on an image unmounted cleanly.
     pub check: bool,
+    pub kernel_cache: pwfs_fuse::KernelCache,
 }
 
 pub fn run(a: &MountArgs) -> Result<ExitCode, String> {
@@ -110,7 +111,8 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
             None
         }
     };
-    let mounted = pwfs_fuse::mount(fs.clone(), mountpoint, allow_other)
+    let options = pwfs_fuse::MountOptions { allow_other, kernel_cache: a.kernel_cache };
+    let mounted = pwfs_fuse::mount_with(fs.clone(), mountpoint, &options)
         .map_err(|e| format!("mount at {}: {e}", mountpoint.display()))?;
     out += &format!(
         "pwfs: {} mounted at {}; Ctrl-C, SIGTERM or `pwfs umount {}` unmounts\n",

@@ -1,17 +1,23 @@
 //! pwfs-fuse: Patchwork as a FUSE file system, for unmodified programs.
 //!
-//! Interface: [`mount`] serves a mounted [`pwfs::Fs`] at a mount point until it is
-//! unmounted (or [`Mounted::unmount`] is called). Built on the public API of `pwfs`
-//! only. Data files are opened with `FOPEN_DIRECT_IO` (the kernel neither caches nor
-//! reads before writing: Patchwork's own cache sees every write) with parallel direct
-//! writes, and `FUSE_DIRECT_IO_ALLOW_MMAP` keeps mmap working. Permissions are checked
-//! by the kernel (`default_permissions`). Every engine errno reaches the program
-//! unchanged.
+//! Interface: [`mount`] / [`mount_with`] serve a mounted [`pwfs::Fs`] at a mount point
+//! until it is unmounted (or [`Mounted::unmount`] is called). Built on the public API
+//! of `pwfs` only. Permissions are checked by the kernel (`default_permissions`).
+//! Every engine errno reaches the program unchanged.
+//!
+//! How much the kernel caches is [`KernelCache`]: by default (`WriteThrough`) the
+//! kernel's page cache serves clean data (`FOPEN_KEEP_CACHE`, no request for a cached
+//! read) and every write still reaches the engine as it was made, `(offset, length)`,
+//! before it returns (FUSE without the write-back cache never reads a page to fill a
+//! partial write); `Off` opens data files `FOPEN_DIRECT_IO` (every read and write is a
+//! request; writes of one file run in parallel). Attributes and names are cached for
+//! [`TTL`]: every change goes through the kernel, which updates or drops its copy of
+//! what it changed. See docs/DECISIONS.md.
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
-    MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
-    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
+    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use pwfs::format::Timespec;
 use pwfs::{Fs, Metadata, SetAttr, TimeSet};
@@ -20,14 +26,46 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// How long the kernel may cache attributes and names. Every change goes through us,
-/// so the kernel's copies are only stale after changes it has itself made and seen.
-const TTL: Duration = Duration::from_secs(1);
+/// How long the kernel may cache attributes and names. Every change goes through the
+/// kernel, which updates or drops its copy of what it changed; nothing changes the
+/// file system behind its back (the LD_PRELOAD shim, when it comes, will invalidate
+/// what it changes).
+pub const TTL: Duration = Duration::from_secs(3600);
+
+/// What the kernel caches of file data.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KernelCache {
+    /// Nothing: data files are opened `FOPEN_DIRECT_IO`, so every read and write is a
+    /// request, and writes to one file from several threads run in parallel. A shared
+    /// mapping of a file is refused (ENODEV): the kernel's pages behind it would not see
+    /// the direct writes, and a store to a stale page would write it back over them
+    /// (`FUSE_DIRECT_IO_ALLOW_MMAP` lost pwrites that way; tests/mmap.rs). Private
+    /// mappings work.
+    Off,
+    /// Clean data in the kernel's page cache, kept across opens: a cached read is no
+    /// request. Writes go through to the engine before they return, as made.
+    #[default]
+    WriteThrough,
+    /// The kernel's write-back cache (`FUSE_WRITEBACK_CACHE`): writes are buffered in
+    /// the kernel and reach the engine as whole pages when the kernel writes back; a
+    /// partial write to a page not in the kernel's cache first reads the page (so
+    /// non-blocking writes do not apply).
+    WriteBack,
+}
+
+/// How to mount.
+#[derive(Clone, Debug, Default)]
+pub struct MountOptions {
+    /// Let other users than the mounting one in.
+    pub allow_other: bool,
+    pub kernel_cache: KernelCache,
+}
 /// Largest write the kernel sends in one request.
 const MAX_WRITE: u32 = 1 << 20;
 
 struct PwFuse {
     fs: Fs,
+    cache: KernelCache,
     /// The kernel's lookup count per inode. While it is not zero the inode holds an
     /// engine handle (like an open file), so an unlinked inode is not freed and its
     /// number not reused before the kernel forgets it: FUSE node ids must stay unique
@@ -152,20 +190,34 @@ fn xattr_reply(reply: ReplyXattr, data: &[u8], size: u32) {
     }
 }
 
-/// Open flags for data files: Patchwork's cache is the only cache.
-fn data_open_flags() -> FopenFlags {
-    FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+impl PwFuse {
+    /// Open flags for a data file opened with `flags` (open(2)'s).
+    fn open_flags(&self, flags: i32) -> FopenFlags {
+        let read_only = flags & libc::O_ACCMODE == libc::O_RDONLY;
+        // A handle that cannot write has nothing for close(2) to report: no flush
+        // request at its close.
+        let noflush = if read_only { FopenFlags::FOPEN_NOFLUSH } else { FopenFlags::empty() };
+        match self.cache {
+            KernelCache::Off => FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES | noflush,
+            KernelCache::WriteThrough | KernelCache::WriteBack => FopenFlags::FOPEN_KEEP_CACHE | noflush,
+        }
+    }
 }
 
 impl Filesystem for PwFuse {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_write(MAX_WRITE);
         let _ = config.add_capabilities(
-            InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
-                | InitFlags::FUSE_PARALLEL_DIROPS
+            InitFlags::FUSE_PARALLEL_DIROPS
                 | InitFlags::FUSE_ASYNC_DIO
-                | InitFlags::FUSE_BIG_WRITES,
+                | InitFlags::FUSE_BIG_WRITES
+                | InitFlags::FUSE_DO_READDIRPLUS
+                | InitFlags::FUSE_READDIRPLUS_AUTO
+                | InitFlags::FUSE_CACHE_SYMLINKS,
         );
+        if self.cache == KernelCache::WriteBack {
+            let _ = config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE);
+        }
         Ok(())
     }
 
@@ -281,11 +333,11 @@ impl Filesystem for PwFuse {
         self.entry(reply, self.fs.link(ino.0, newparent.0, newname.as_bytes()))
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         // O_TRUNC never arrives here: without FUSE_ATOMIC_O_TRUNC the kernel checks write
         // access (ETXTBSY) first and then truncates with a setattr.
         match self.fs.open_ino(ino.0) {
-            Ok(_) => reply.opened(FileHandle(0), data_open_flags()),
+            Ok(_) => reply.opened(FileHandle(0), self.open_flags(flags.0)),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -354,6 +406,11 @@ impl Filesystem for PwFuse {
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.fs.getattr(ino.0) {
+            // The kernel keeps what readdir returned, and drops it when it changes the
+            // directory itself.
+            Ok(m) if m.is_dir() && self.cache != KernelCache::Off => {
+                reply.opened(FileHandle(0), FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE)
+            }
             Ok(m) if m.is_dir() => reply.opened(FileHandle(0), FopenFlags::empty()),
             Ok(_) => reply.error(Errno::ENOTDIR),
             Err(e) => reply.error(errno(e)),
@@ -366,6 +423,42 @@ impl Filesystem for PwFuse {
                 for e in entries {
                     if reply.add(INodeNo(e.ino), e.next, kind(e.kind), OsStr::from_bytes(&e.name)) {
                         break;
+                    }
+                }
+                reply.ok();
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    /// Entries with their attributes (the kernel asks for this instead of `readdir`
+    /// when it expects lookups of the entries to follow, as `ls -l` and `find` do).
+    /// Each entry but "." and ".." is a lookup the kernel will forget.
+    fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        match self.fs.readdir(ino.0, offset, 256) {
+            Ok(entries) => {
+                for e in entries {
+                    let md = if e.name == b"." || e.name == b".." {
+                        self.fs.getattr(e.ino)
+                    } else {
+                        self.fs.lookup(ino.0, &e.name)
+                    };
+                    // Gone since the directory was read: left out.
+                    let Ok(md) = md else { continue };
+                    let dot = e.name == b"." || e.name == b"..";
+                    let full = reply.add(
+                        INodeNo(md.ino),
+                        e.next,
+                        OsStr::from_bytes(&e.name),
+                        &TTL,
+                        &attr(&md),
+                        Generation(md.generation as u64),
+                    );
+                    if full {
+                        break;
+                    }
+                    if !dot {
+                        self.remember(md.ino);
                     }
                 }
                 reply.ok();
@@ -438,7 +531,7 @@ impl Filesystem for PwFuse {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _flags: i32,
+        flags: i32,
         reply: ReplyCreate,
     ) {
         let made = self
@@ -448,7 +541,7 @@ impl Filesystem for PwFuse {
         match made {
             Ok(m) => {
                 self.remember(m.ino);
-                reply.created(&TTL, &attr(&m), Generation(m.generation as u64), FileHandle(0), data_open_flags())
+                reply.created(&TTL, &attr(&m), Generation(m.generation as u64), FileHandle(0), self.open_flags(flags))
             }
             Err(e) => reply.error(errno(e)),
         }
@@ -510,12 +603,41 @@ pub fn can_mount() -> bool {
     root && std::path::Path::new("/dev/fuse").exists()
 }
 
-/// Serve `fs` at `mountpoint` on background threads.
+/// Serve `fs` at `mountpoint` on background threads, with the default options.
 pub fn mount(fs: Fs, mountpoint: &Path, allow_other: bool) -> std::io::Result<Mounted> {
+    mount_with(fs, mountpoint, &MountOptions { allow_other, ..Default::default() })
+}
+
+/// Serve `fs` at `mountpoint` on background threads.
+pub fn mount_with(fs: Fs, mountpoint: &Path, o: &MountOptions) -> std::io::Result<Mounted> {
     // One serving thread per CPU (at least two): measured on 2 CPUs, untar of
     // /usr/include took 7.8 s with 1 thread, 2.4 s with 2 and 3.3 s with 4.
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).max(2);
-    let session =
-        fuser::spawn_mount(PwFuse { fs, lookups: Default::default() }, mountpoint, &options(allow_other, threads))?;
+    let session = fuser::spawn_mount(
+        PwFuse { fs, cache: o.kernel_cache, lookups: Default::default() },
+        mountpoint,
+        &options(o.allow_other, threads),
+    )?;
+    if o.kernel_cache != KernelCache::Off {
+        raise_readahead(mountpoint);
+    }
     Ok(Mounted { session, mountpoint: mountpoint.to_path_buf() })
+}
+
+/// Kernel readahead of the mount, in KiB: a cold sequential read through the kernel's
+/// cache is one request per this much (the kernel's default of 128 KiB made 1 MiB reads
+/// half as fast as with direct I/O).
+const READAHEAD_KB: u32 = 1024;
+
+/// Raise the kernel's readahead for the new mount (its backing device info in sysfs;
+/// the kernel caps FUSE's at 128 KiB when it mounts). Best effort: without it reads are
+/// only slower.
+fn raise_readahead(mountpoint: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(md) = std::fs::metadata(mountpoint) else { return };
+    let dev = md.dev();
+    let path = format!("/sys/class/bdi/{}:{}/read_ahead_kb", libc::major(dev), libc::minor(dev));
+    if let Err(e) = std::fs::write(&path, READAHEAD_KB.to_string()) {
+        eprintln!("pwfs: cannot raise readahead ({path}): {e}");
+    }
 }
