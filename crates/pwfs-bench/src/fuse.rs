@@ -427,7 +427,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("pwfs-bench-fuse-{}", std::process::id()));
         let r = run(&Opts::smoke(dir.clone()), &mut |_| {}).unwrap();
         r.check_filled().unwrap();
-        assert_eq!(r.rows.len(), 15);
+        assert_eq!(r.rows.len(), 14);
         assert_eq!(r.columns, ["pwfs", "pwfs-direct", "pwfs-wback", "ext4"]);
         let _ = std::fs::remove_dir_all(dir);
     }
