@@ -170,6 +170,7 @@ impl FsInner {
     /// Write back data, then log metadata. The caller holds the commit lock. Freeing
     /// unlinked inodes may take several transactions.
     pub fn commit_locked(&self) -> Result<()> {
+        let n = self.commits_begun.fetch_add(1, Ordering::AcqRel) + 1;
         // Bounded: what is left to free waits for the next commit rather than keep a
         // caller here (an inode trimmed a piece per transaction, say, while writers keep
         // the transaction from ever being empty).
@@ -181,7 +182,32 @@ impl FsInner {
                 break;
             }
         }
+        self.commits_done.store(n, Ordering::Release);
         Ok(())
+    }
+
+    /// A ticket for `covered`: taken before waiting for the commit lock.
+    pub fn commit_ticket(&self) -> u64 {
+        self.commits_begun.load(Ordering::Acquire) + 1
+    }
+
+    /// Whether a commit that began after `ticket` was taken has completed: everything
+    /// done before the ticket (data written back, metadata logged) is durable. The
+    /// caller holds the commit lock. fsyncs that arrive while a commit runs wait for
+    /// it and then share one more (group commit), instead of one commit each.
+    pub fn covered(&self, ticket: u64) -> bool {
+        self.commits_done.load(Ordering::Acquire) >= ticket
+    }
+
+    /// `commit`, unless a commit that began after this call finished while it waited.
+    pub fn commit_shared(&self) -> Result<()> {
+        self.check_writable()?;
+        let ticket = self.commit_ticket();
+        let _c = self.commit_lock.lock();
+        if self.covered(ticket) {
+            return self.check_writable();
+        }
+        self.commit_locked()
     }
 
     fn commit_once(&self) -> Result<()> {

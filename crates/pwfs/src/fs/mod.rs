@@ -78,6 +78,9 @@ pub(crate) struct FsInner {
     pub(crate) tx: Arc<tx::Tx>,
     /// Serializes write-back, commit, and block freeing (see `lock` for the order).
     pub(crate) commit_lock: Mutex<()>,
+    /// Commits begun and completed (`commit_locked`), for group commit.
+    pub(crate) commits_begun: std::sync::atomic::AtomicU64,
+    pub(crate) commits_done: std::sync::atomic::AtomicU64,
     pub(crate) poisoned: Mutex<Option<String>>,
     /// Live `Fs` handles (`File`s hold one each).
     pub(crate) handles: AtomicU64,
@@ -201,6 +204,8 @@ impl Fs {
             inodes,
             tx,
             commit_lock: Mutex::new(()),
+            commits_begun: Default::default(),
+            commits_done: Default::default(),
             poisoned: Mutex::new(None),
             handles: AtomicU64::new(0),
             clean,

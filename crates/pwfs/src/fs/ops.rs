@@ -1142,10 +1142,14 @@ impl Fs {
 
     fn fsync_inner(&self, ino: u64, datasync: bool) -> Result<()> {
         if !datasync {
-            return self.inner.commit();
+            return self.inner.commit_shared();
         }
         self.inner.check_writable()?;
+        let ticket = self.inner.commit_ticket();
         let _c = self.inner.commit_lock.lock();
+        if self.inner.covered(ticket) {
+            return self.inner.check_writable();
+        }
         self.inner.writeback_locked()?;
         if self.inner.cell(ino)?.lock().data_meta_dirty {
             return self.inner.commit_locked();
