@@ -5,6 +5,7 @@
 mod common;
 use common::*;
 use pwfs::device::mem::MemDevice;
+use pwfs::device::sim::crash_image;
 use pwfs::{Config, Fs, MkfsOptions, OpenOptions};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
@@ -413,6 +414,81 @@ fn background_commits_under_creates_and_deletes_from_two_threads() {
         for i in (0..3000u32).step_by(3) {
             assert_eq!(fs.read_file(format!("/t{t}/f{i}")).unwrap(), i.to_le_bytes());
         }
+    }
+    fs.unmount().unwrap();
+}
+
+/// Group commit: fsyncs that arrive while a commit is in flight wait for it, then
+/// share one more commit instead of one each; every fsync'd byte is durable.
+#[test]
+fn fsyncs_during_a_commit_share_the_next_one() {
+    let image = formatted_image(32 * MIB, &MkfsOptions::default());
+    let (dev, fs) = sim_fs(image, Default::default(), Config { writeback_interval: None, ..test_config() });
+    fs.write_file("/busy", &[1u8; 64 * 1024]).unwrap();
+    fs.sync().unwrap();
+    // Something for the held commit to log.
+    fs.create("/first").unwrap();
+    let base = dev.start_recording();
+    // (Read now: the journal's counters wait for a commit in flight.)
+    let before = fs.journal_stats().commits;
+    dev.hold_flushes();
+    let committer = {
+        let fs = fs.clone();
+        std::thread::spawn(move || fs.sync())
+    };
+    while dev.flushes_held() == 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let n = 8;
+    let started = Arc::new(Barrier::new(n + 1));
+    let fsyncers: Vec<_> = (0..n)
+        .map(|i| {
+            let (fs, started) = (fs.clone(), started.clone());
+            std::thread::spawn(move || {
+                let f = OpenOptions::new().write(true).create(true).open(&fs, format!("/f{i}")).unwrap();
+                f.write_at(&[i as u8; 3000], 0).unwrap();
+                started.wait();
+                f.sync_all().unwrap();
+            })
+        })
+        .collect();
+    // Meanwhile another writer keeps dirtying a file it never syncs: an fsync that
+    // committed on its own would write and flush that again each time.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let busy = {
+        let (fs, stop) = (fs.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let f = OpenOptions::new().write(true).open(&fs, "/busy").unwrap();
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                f.write_at(&[i as u8; 4096], (i % 16) * 4096).unwrap();
+                i += 1;
+                std::thread::yield_now();
+            }
+        })
+    };
+    started.wait();
+    // Let every fsync reach the commit lock behind the held commit.
+    std::thread::sleep(Duration::from_millis(200));
+    let flushes = dev.stats().flushes;
+    dev.release_flushes();
+    committer.join().unwrap().unwrap();
+    for t in fsyncers {
+        t.join().unwrap();
+    }
+    let flushes = dev.stats().flushes - flushes;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    busy.join().unwrap();
+    let commits = fs.journal_stats().commits - before;
+    // The held one finishes; the eight fsyncs share one (two if one of them came late):
+    // two flushes each (journal, commit block), and one to write back data.
+    assert!(commits <= 3, "{commits} commits for {n} fsyncs during one commit");
+    assert!(flushes <= 7, "{flushes} flushes for {n} fsyncs during one commit");
+    // A power cut now: whatever was not flushed may be lost, what was fsync'd may not.
+    let log = dev.log();
+    let (_dev, fs) = sim_fs(crash_image(&base, &log, log.len(), 7), Default::default(), test_config());
+    for i in 0..n {
+        assert_eq!(fs.read_file(format!("/f{i}")).unwrap(), vec![i as u8; 3000], "/f{i}");
     }
     fs.unmount().unwrap();
 }
