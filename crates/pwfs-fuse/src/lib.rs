@@ -191,12 +191,17 @@ fn xattr_reply(reply: ReplyXattr, data: &[u8], size: u32) {
 }
 
 impl PwFuse {
-    /// Open flags for a data file opened with `flags` (open(2)'s).
-    fn open_flags(&self, flags: i32) -> FopenFlags {
+    /// Open flags for a data file opened with `flags` (open(2)'s); `created`: by this
+    /// open (O_CREAT of a new file).
+    fn open_flags(&self, flags: i32, created: bool) -> FopenFlags {
         let read_only = flags & libc::O_ACCMODE == libc::O_RDONLY;
-        // A handle that cannot write has nothing for close(2) to report: no flush
-        // request at its close.
-        let noflush = if read_only { FopenFlags::FOPEN_NOFLUSH } else { FopenFlags::empty() };
+        // No flush request at close(2) of a handle that cannot write, or that created
+        // its file (an untar, a compiler's output: one request fewer per file). Such a
+        // handle's writes start on an empty file, with no old data to read; should a
+        // later one still lose its page read, fsync reports it, as ext4 reports
+        // write-back errors. Other write handles keep the flush: close reports a
+        // non-blocking write lost after it returned.
+        let noflush = if read_only || created { FopenFlags::FOPEN_NOFLUSH } else { FopenFlags::empty() };
         match self.cache {
             KernelCache::Off => FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES | noflush,
             KernelCache::WriteThrough | KernelCache::WriteBack => FopenFlags::FOPEN_KEEP_CACHE | noflush,
@@ -340,7 +345,7 @@ impl Filesystem for PwFuse {
         // O_TRUNC never arrives here: without FUSE_ATOMIC_O_TRUNC the kernel checks write
         // access (ETXTBSY) first and then truncates with a setattr.
         match self.fs.open_ino(ino.0) {
-            Ok(_) => reply.opened(FileHandle(0), self.open_flags(flags.0)),
+            Ok(_) => reply.opened(FileHandle(0), self.open_flags(flags.0, false)),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -545,7 +550,13 @@ impl Filesystem for PwFuse {
         match made {
             Ok(m) => {
                 self.remember(m.ino);
-                reply.created(&TTL, &attr(&m), Generation(m.generation as u64), FileHandle(0), self.open_flags(flags))
+                reply.created(
+                    &TTL,
+                    &attr(&m),
+                    Generation(m.generation as u64),
+                    FileHandle(0),
+                    self.open_flags(flags, true),
+                )
             }
             Err(e) => reply.error(errno(e)),
         }
