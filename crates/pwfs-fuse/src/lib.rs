@@ -447,13 +447,10 @@ impl Filesystem for PwFuse {
         match self.fs.readdir(ino.0, offset, 256) {
             Ok(entries) => {
                 for e in entries {
-                    let md = if e.name == b"." || e.name == b".." {
-                        self.fs.getattr(e.ino)
-                    } else {
-                        self.fs.lookup(ino.0, &e.name)
-                    };
-                    // Gone since the directory was read: left out.
-                    let Ok(md) = md else { continue };
+                    // By name, not by the listed number: an entry removed since the
+                    // directory was read is left out, and one whose number went to
+                    // another file meanwhile is not given that file's attributes.
+                    let Ok(md) = self.fs.lookup(ino.0, &e.name) else { continue };
                     let dot = e.name == b"." || e.name == b"..";
                     let full = reply.add(
                         INodeNo(md.ino),

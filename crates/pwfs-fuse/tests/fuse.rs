@@ -1,26 +1,17 @@
 //! The FUSE front end, driven through the kernel by ordinary system calls.
 //! Needs root and /dev/fuse (CI has both); elsewhere it says so and does nothing.
 
+mod common;
+use common::{can_mount, mount_in};
 use pwfs::device::mem::MemDevice;
 use pwfs::{Config, Fs, MkfsOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::sync::Arc;
 
-fn can_mount() -> bool {
-    let can = pwfs_fuse::can_mount();
-    if !can {
-        eprintln!("skipping: FUSE tests need root and /dev/fuse");
-    }
-    can
-}
-
-/// Mount `fs` through the kernel on a fresh directory named after `name`.
+/// Mount `fs` through the kernel, default options, on a fresh directory named after `name`.
 fn mount_on(fs: &Fs, name: &str) -> (std::path::PathBuf, pwfs_fuse::Mounted) {
-    let dir = std::env::temp_dir().join(format!("pwfs-fuse-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mounted = pwfs_fuse::mount(fs.clone(), &dir, false).unwrap();
-    (dir, mounted)
+    mount_in(fs, name, &Default::default())
 }
 
 fn errno<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {

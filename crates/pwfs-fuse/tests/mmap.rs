@@ -10,6 +10,8 @@
 //! so that the engine's non-blocking write path (a write to a page it has not got) runs.
 //! Needs root and /dev/fuse (CI has both); elsewhere it says so and does nothing.
 
+mod common;
+use common::{can_mount, mount_in};
 use pwfs::device::mem::MemDevice;
 use pwfs::{Config, FetchPolicy, Fs, MkfsOptions};
 use pwfs_fuse::KernelCache;
@@ -27,14 +29,6 @@ const ROUNDS: u64 = 200;
 const B_AT: usize = 2048;
 const POLICIES: [FetchPolicy; 4] =
     [FetchPolicy::Blocking, FetchPolicy::AsyncForeground, FetchPolicy::AsyncBackground, FetchPolicy::Lazy];
-
-fn can_mount() -> bool {
-    let can = pwfs_fuse::can_mount();
-    if !can {
-        eprintln!("skipping: FUSE tests need root and /dev/fuse");
-    }
-    can
-}
 
 /// What the file held before the race: no byte of it equals a stamp's.
 fn pattern(at: usize) -> u8 {
@@ -203,11 +197,8 @@ fn stress(policy: FetchPolicy, cache: KernelCache) -> Result<(), String> {
     let dev = Arc::new(MemDevice::new(64 << 20));
     pwfs::mkfs(&*dev, &MkfsOptions::default()).unwrap();
     let fs = Fs::mount(dev.clone(), config()).unwrap();
-    let dir = std::env::temp_dir().join(format!("pwfs-fuse-mmap-{cache:?}-{policy:?}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mounted =
-        pwfs_fuse::mount_with(fs.clone(), &dir, &pwfs_fuse::MountOptions { allow_other: false, kernel_cache: cache })
-            .unwrap();
+    let options = pwfs_fuse::MountOptions { allow_other: false, kernel_cache: cache };
+    let (dir, mounted) = mount_in(&fs, &format!("mmap-{cache:?}-{policy:?}"), &options);
     let path = dir.join("f");
     let mut want: Vec<u8> = (0..LEN).map(pattern).collect();
     std::fs::write(&path, &want).unwrap();
@@ -364,10 +355,8 @@ fn shared_mappings_are_refused_with_the_kernel_cache_off() {
     let dev = Arc::new(MemDevice::new(64 << 20));
     pwfs::mkfs(&*dev, &MkfsOptions::default()).unwrap();
     let fs = Fs::mount(dev.clone(), Config { cache_bytes: 8 << 20, ..Default::default() }).unwrap();
-    let dir = std::env::temp_dir().join(format!("pwfs-fuse-mmap-off-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     let options = pwfs_fuse::MountOptions { allow_other: false, kernel_cache: KernelCache::Off };
-    let mounted = pwfs_fuse::mount_with(fs.clone(), &dir, &options).unwrap();
+    let (dir, mounted) = mount_in(&fs, "mmap-off", &options);
     let path = dir.join("f");
     let want: Vec<u8> = (0..LEN).map(pattern).collect();
     std::fs::write(&path, &want).unwrap();
