@@ -17,7 +17,7 @@
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
     MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use pwfs::format::Timespec;
 use pwfs::{Fs, Metadata, SetAttr, TimeSet};
@@ -410,6 +410,39 @@ impl Filesystem for PwFuse {
 
     fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
         empty(reply, self.fs.fsync(ino.0, datasync))
+    }
+
+    /// fallocate(2). The kernel passes modes 0, KEEP_SIZE, PUNCH_HOLE and ZERO_RANGE
+    /// (it refuses collapse and insert range on FUSE itself, with EOPNOTSUPP), drops its
+    /// cached pages of a punched or zeroed range, and refreshes the size.
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        empty(reply, self.fs.fallocate(ino.0, mode as u32, offset, length))
+    }
+
+    /// lseek(2): the kernel answers SEEK_SET/CUR/END itself and asks for SEEK_DATA and
+    /// SEEK_HOLE.
+    fn lseek(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+        let Ok(offset) = u64::try_from(offset) else {
+            return reply.error(Errno::ENXIO);
+        };
+        match whence {
+            libc::SEEK_DATA | libc::SEEK_HOLE => {
+                match self.fs.seek_hole_data(ino.0, offset, whence == libc::SEEK_HOLE) {
+                    Ok(at) => reply.offset(at as i64),
+                    Err(e) => reply.error(errno(e)),
+                }
+            }
+            _ => reply.error(Errno::EINVAL),
+        }
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

@@ -366,10 +366,17 @@ impl PageCache {
     /// Returns the pages dropped (the caller settles their patch accounting). Only the
     /// shards that can hold those pages are visited: a small file's are one.
     pub fn drop_from(&self, ino: u64, from: u64, end: u64) -> Vec<Arc<Page>> {
+        self.drop_range(ino, from, end)
+    }
+
+    /// Drop the pages of `ino` in `from..to`, dirty or not (punch hole, zero, collapse
+    /// and insert range); returns them.
+    pub fn drop_range(&self, ino: u64, from: u64, to: u64) -> Vec<Arc<Page>> {
         let mut dropped = Vec::new();
-        if from >= end {
+        if from >= to {
             return dropped;
         }
+        let end = to;
         let groups = (end - 1) / (1 << GROUP_SHIFT) - from / (1 << GROUP_SHIFT) + 1;
         let visit: Vec<usize> = if groups >= self.shards.len() as u64 {
             (0..self.shards.len()).collect()
@@ -383,7 +390,7 @@ impl PageCache {
         };
         for shard in visit.into_iter().map(|i| &self.shards[i]) {
             let mut m = shard.map.lock();
-            let keys: Vec<Key> = m.pages.range((ino, from)..=(ino, u64::MAX)).map(|(k, _)| *k).collect();
+            let keys: Vec<Key> = m.pages.range((ino, from)..(ino, to)).map(|(k, _)| *k).collect();
             for k in keys {
                 dropped.extend(m.pages.remove(&k));
                 if m.dirty.remove(&k) {
@@ -391,7 +398,7 @@ impl PageCache {
                 }
             }
             // Dirty keys whose page is gone already.
-            let gone: Vec<Key> = m.dirty.range((ino, from)..=(ino, u64::MAX)).copied().collect();
+            let gone: Vec<Key> = m.dirty.range((ino, from)..(ino, to)).copied().collect();
             for k in gone {
                 m.dirty.remove(&k);
                 self.dirty.fetch_sub(1, Ordering::Relaxed);

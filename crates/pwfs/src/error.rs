@@ -31,6 +31,10 @@ pub enum ErrorKind {
     NotSupported,
     NoData,
     Range,
+    /// The operation does not apply to this kind of file (fallocate of a FIFO).
+    NoDevice,
+    /// An offset past the data (SEEK_DATA/SEEK_HOLE at or past the end of the file).
+    NoSuchAddress,
 }
 
 #[derive(Debug, Clone)]
@@ -73,6 +77,8 @@ impl Error {
             ErrorKind::NotSupported => libc::EOPNOTSUPP,
             ErrorKind::NoData => libc::ENODATA,
             ErrorKind::Range => libc::ERANGE,
+            ErrorKind::NoDevice => libc::ENODEV,
+            ErrorKind::NoSuchAddress => libc::ENXIO,
         }
     }
 }
@@ -90,6 +96,7 @@ ctor! {
     not_empty => NotEmpty, name_too_long => NameTooLong, no_space => NoSpace, io => Io,
     invalid => Invalid, read_only => ReadOnly, corrupt => Corrupt, not_permitted => NotPermitted,
     too_many_links => TooManyLinks, file_too_big => FileTooBig, is_loop => Loop,
+    unsupported => NotSupported,
 }
 
 impl fmt::Display for Error {

@@ -320,13 +320,20 @@ pub fn bitmap_check(b: &[u8], index: u64) -> R<()> {
 
 // ---------------------------------------------------------------- inodes
 
+/// The longest extent: its length field's top bit is the unwritten flag.
+pub const EXTENT_LEN_MAX: u32 = (1 << 31) - 1;
+const EXTENT_UNWRITTEN: u32 = 1 << 31;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Extent {
     /// First file block covered.
     pub logical: u32,
+    /// At most EXTENT_LEN_MAX.
     pub len: u32,
     /// First device block.
     pub physical: u64,
+    /// Allocated (fallocate) but never written: reads as zeros.
+    pub unwritten: bool,
 }
 
 impl Extent {
@@ -334,12 +341,19 @@ impl Extent {
         self.logical as u64 + self.len as u64
     }
     fn encode(&self, b: &mut [u8]) {
+        assert!(self.len <= EXTENT_LEN_MAX);
         put32(b, 0, self.logical);
-        put32(b, 4, self.len);
+        put32(b, 4, self.len | if self.unwritten { EXTENT_UNWRITTEN } else { 0 });
         put64(b, 8, self.physical);
     }
     fn decode(b: &[u8]) -> Extent {
-        Extent { logical: u32_at(b, 0), len: u32_at(b, 4), physical: u64_at(b, 8) }
+        let len = u32_at(b, 4);
+        Extent {
+            logical: u32_at(b, 0),
+            len: len & EXTENT_LEN_MAX,
+            physical: u64_at(b, 8),
+            unwritten: len & EXTENT_UNWRITTEN != 0,
+        }
     }
 }
 
@@ -838,8 +852,8 @@ mod tests {
             ext_block: 0,
             xattr_block: 77,
             extents: vec![
-                Extent { logical: 0, len: 128, physical: 1000 },
-                Extent { logical: 128, len: 128, physical: 5000 },
+                Extent { logical: 0, len: 128, physical: 1000, unwritten: false },
+                Extent { logical: 128, len: 128, physical: 5000, unwritten: true },
             ],
             inline: vec![],
         };
@@ -864,7 +878,7 @@ mod tests {
         let e = ExtentBlock {
             ino: 5,
             next: 77,
-            extents: vec![Extent { logical: 9, len: 1, physical: 3 }; EXTENTS_PER_BLOCK],
+            extents: vec![Extent { logical: 9, len: 1, physical: 3, unwritten: false }; EXTENTS_PER_BLOCK],
         };
         e.encode(&mut b);
         assert_eq!(ExtentBlock::decode(&b).unwrap(), e);

@@ -280,7 +280,7 @@ impl FsInner {
         // The block map is the inode's: no metadata lock on the read path.
         let maps: Result<Vec<Option<u64>>> = self.cell(ino).map(|cell| {
             let node = cell.lock();
-            pages.iter().map(|p| if node.freed { None } else { node.map(p.key.1) }).collect()
+            pages.iter().map(|p| if node.freed { None } else { node.map_data(p.key.1) }).collect()
         });
         let maps = match maps {
             Ok(v) => v,

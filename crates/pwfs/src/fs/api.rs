@@ -288,6 +288,19 @@ impl File {
         self.fs.getattr(self.ino)
     }
 
+    /// fallocate(2): `mode` is 0 or `FALLOC_FL_*` bits (`pwfs::fs::FALLOC_FL_KEEP_SIZE`…).
+    pub fn allocate(&self, mode: u32, offset: u64, len: u64) -> Result<()> {
+        if !self.writable {
+            return Err(Error::new(ErrorKind::BadHandle, "file not open for writing"));
+        }
+        self.fs.fallocate(self.ino, mode, offset, len)
+    }
+
+    /// lseek(2) with SEEK_HOLE (`hole`) or SEEK_DATA; the file position does not move.
+    pub fn seek_hole_data(&self, offset: u64, hole: bool) -> Result<u64> {
+        self.fs.seek_hole_data(self.ino, offset, hole)
+    }
+
     /// fsync(2).
     pub fn sync_all(&self) -> Result<()> {
         self.fs.fsync(self.ino, false)

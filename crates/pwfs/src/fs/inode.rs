@@ -24,15 +24,31 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// An inode in memory. Extents map file block → (length, device block).
+/// A run of file blocks mapped to device blocks (the value of `Inode::extents`, keyed
+/// by its first file block).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Run {
+    pub len: u32,
+    /// First device block.
+    pub phys: u64,
+    /// Allocated but never written (fallocate): reads as zeros, and becomes written
+    /// when write-back first writes a page of it (ext4's unwritten extents).
+    pub unwritten: bool,
+}
+
+/// An inode in memory. Extents map file block → run.
 #[derive(Debug, Clone, Default)]
 pub struct Inode {
     pub d: DiskInode,
-    pub extents: BTreeMap<u32, (u32, u64)>,
+    pub extents: BTreeMap<u32, Run>,
     /// Blocks of the on-disk extent chain, in order.
     pub chain: Vec<u64>,
     /// Pages with space reserved for delayed allocation (written, not yet mapped).
     pub reserved: BTreeSet<u64>,
+    /// Pages written into unwritten blocks, not yet written back: write-back marks
+    /// their blocks written, which may split a run in two (room for that is promised
+    /// when the write is admitted, as for `reserved`).
+    pub converting: BTreeSet<u64>,
     /// The transaction (`Tx::epoch`) this inode is registered in, 0 if none: it will
     /// be stored into its table block when that transaction closes.
     pub tx_epoch: u64,
@@ -55,27 +71,53 @@ impl Inode {
         self.kind() == f::S_IFDIR
     }
 
-    /// Device block of file block `lblk`, if mapped.
+    /// Device block of file block `lblk`, if allocated (written or not).
     pub fn map(&self, lblk: u64) -> Option<u64> {
-        let (start, (len, phys)) = self.extents.range(..=lblk as u32).next_back()?;
-        let off = lblk - *start as u64;
-        (off < *len as u64).then(|| phys + off)
+        self.run_at(lblk).map(|(_, r, off)| r.phys + off)
     }
 
-    /// Number of data blocks mapped.
+    /// Device block that holds the data of file block `lblk`: None for a hole and
+    /// for an unwritten block (both read as zeros).
+    pub fn map_data(&self, lblk: u64) -> Option<u64> {
+        self.run_at(lblk).filter(|(_, r, _)| !r.unwritten).map(|(_, r, off)| r.phys + off)
+    }
+
+    /// Whether file block `lblk` is allocated but unwritten.
+    pub fn is_unwritten(&self, lblk: u64) -> bool {
+        self.run_at(lblk).is_some_and(|(_, r, _)| r.unwritten)
+    }
+
+    /// The run holding `lblk`: its first file block, the run, and `lblk`'s offset in it.
+    fn run_at(&self, lblk: u64) -> Option<(u32, Run, u64)> {
+        let (start, run) = self.extents.range(..=u32::try_from(lblk).ok()?).next_back()?;
+        let off = lblk - *start as u64;
+        (off < run.len as u64).then_some((*start, *run, off))
+    }
+
+    /// Number of data blocks mapped (unwritten ones included).
     pub fn data_blocks(&self) -> u64 {
-        self.extents.values().map(|(l, _)| *l as u64).sum()
+        self.extents.values().map(|r| r.len as u64).sum()
     }
 
     /// Add a mapping, merging with the previous extent when contiguous.
     pub fn add_mapping(&mut self, lblk: u64, phys: u64, len: u64) {
-        if let Some((start, (l, p))) = self.extents.range_mut(..lblk as u32).next_back() {
-            if *start as u64 + *l as u64 == lblk && *p + *l as u64 == phys && *l as u64 + len <= u32::MAX as u64 {
-                *l += len as u32;
+        self.add_run(lblk, phys, len, false)
+    }
+
+    /// Add a mapping (`unwritten`: allocated, reads as zeros), merging with the
+    /// previous extent when contiguous and of the same kind.
+    pub fn add_run(&mut self, lblk: u64, phys: u64, len: u64, unwritten: bool) {
+        if let Some((start, r)) = self.extents.range_mut(..lblk as u32).next_back() {
+            if *start as u64 + r.len as u64 == lblk
+                && r.phys + r.len as u64 == phys
+                && r.unwritten == unwritten
+                && r.len as u64 + len <= f::EXTENT_LEN_MAX as u64
+            {
+                r.len += len as u32;
                 return;
             }
         }
-        self.extents.insert(lblk as u32, (len as u32, phys));
+        self.extents.insert(lblk as u32, Run { len: len as u32, phys, unwritten });
     }
 
     /// Remove every mapping at or past `from`; returns the freed device runs.
@@ -83,34 +125,96 @@ impl Inode {
         self.unmap_range(from, u32::MAX as u64 + 1)
     }
 
+    /// Cut the runs that overlap file blocks `from..to` at `from` and `to`, so that
+    /// each run lies wholly inside or outside the range.
+    fn split_at_bounds(&mut self, from: u64, to: u64) {
+        for at in [from, to] {
+            let Some((start, run, off)) = self.run_at(at) else { continue };
+            if off == 0 {
+                continue;
+            }
+            let head = Run { len: off as u32, ..run };
+            let tail = Run { len: run.len - off as u32, phys: run.phys + off, unwritten: run.unwritten };
+            self.extents.insert(start, head);
+            self.extents.insert(at as u32, tail);
+        }
+    }
+
+    /// The keys of the runs starting in `from..to` (after `split_at_bounds`, every run
+    /// that overlaps the range).
+    fn keys_in(&self, from: u64, to: u64) -> Vec<u32> {
+        let Ok(from) = u32::try_from(from) else { return Vec::new() };
+        match u32::try_from(to) {
+            Ok(to) => self.extents.range(from..to).map(|(k, _)| *k).collect(),
+            Err(_) => self.extents.range(from..).map(|(k, _)| *k).collect(),
+        }
+    }
+
+    /// Merge runs that became contiguous and of one kind around `from..to`.
+    fn merge_around(&mut self, from: u64, to: u64) {
+        let lo = self.extents.range(..from.min(u32::MAX as u64) as u32).next_back().map(|(k, _)| *k);
+        let keys: Vec<u32> = match lo {
+            Some(lo) => self.keys_in(lo as u64, to.saturating_add(1)),
+            None => self.keys_in(0, to.saturating_add(1)),
+        };
+        let mut prev: Option<u32> = None;
+        for k in keys {
+            if let Some(p) = prev {
+                let (a, b) = (self.extents[&p], self.extents[&k]);
+                if p as u64 + a.len as u64 == k as u64
+                    && a.phys + a.len as u64 == b.phys
+                    && a.unwritten == b.unwritten
+                    && a.len as u64 + b.len as u64 <= f::EXTENT_LEN_MAX as u64
+                {
+                    self.extents.remove(&k);
+                    self.extents.get_mut(&p).expect("present").len += b.len;
+                    continue;
+                }
+            }
+            prev = Some(k);
+        }
+    }
+
     /// Remove the mappings of file blocks `from..to`; returns the freed device runs.
     pub fn unmap_range(&mut self, from: u64, to: u64) -> Vec<(u64, u64)> {
+        self.split_at_bounds(from, to);
         let mut freed = Vec::new();
-        let mut split = Vec::new();
-        let keys: Vec<u32> = match u32::try_from(to) {
-            Ok(to) => self.extents.range(..to).map(|(k, _)| *k).collect(),
-            Err(_) => self.extents.keys().copied().collect(),
-        };
-        for k in keys.into_iter().rev() {
-            let (len, phys) = self.extents[&k];
-            let (start, end) = (k as u64, k as u64 + len as u64);
-            if end <= from {
-                break;
-            }
-            self.extents.remove(&k);
-            let (cut_from, cut_to) = (start.max(from), end.min(to));
-            freed.push((phys + (cut_from - start), cut_to - cut_from));
-            if start < cut_from {
-                split.push((start, phys, cut_from - start));
-            }
-            if cut_to < end {
-                split.push((cut_to, phys + (cut_to - start), end - cut_to));
-            }
-        }
-        for (l, p, n) in split {
-            self.extents.insert(l as u32, (n as u32, p));
+        for k in self.keys_in(from, to) {
+            let r = self.extents.remove(&k).expect("present");
+            freed.push((r.phys, r.len as u64));
         }
         freed
+    }
+
+    /// Mark file blocks `from..to` written (`unwritten` false) or unwritten; holes in
+    /// the range stay holes. Returns whether anything changed.
+    pub fn set_written(&mut self, from: u64, to: u64, unwritten: bool) -> bool {
+        if !self.keys_in(0, to).iter().any(|k| {
+            let r = self.extents[k];
+            (*k as u64 + r.len as u64) > from && r.unwritten != unwritten
+        }) {
+            return false;
+        }
+        self.split_at_bounds(from, to);
+        for k in self.keys_in(from, to) {
+            self.extents.get_mut(&k).expect("present").unwritten = unwritten;
+        }
+        self.merge_around(from, to);
+        true
+    }
+
+    /// Move every run at or past file block `from` by `delta` blocks (collapse and
+    /// insert range); a run across `from` is cut there first. Moving down, the caller
+    /// has made room: no block is mapped in `from+delta..from`.
+    pub fn shift_from(&mut self, from: u64, delta: i64) {
+        self.split_at_bounds(from, from);
+        let keys = self.keys_in(from, u32::MAX as u64 + 1);
+        let moved: Vec<(u32, Run)> = keys.iter().map(|k| (*k, self.extents.remove(k).expect("present"))).collect();
+        for (k, r) in moved {
+            let to = (k as i64 + delta) as u32;
+            self.extents.insert(to, r);
+        }
+        self.merge_around(from.saturating_sub(delta.unsigned_abs()), from + delta.unsigned_abs());
     }
 }
 
@@ -129,7 +233,8 @@ pub fn chain_cost_of(node: &Inode, extra: u64, bitmap_blocks: u64) -> TxSize {
         return TxSize::default();
     }
     let blocks = |extents: u64| extents.saturating_sub(f::INLINE_EXTENTS as u64).div_ceil(f::EXTENTS_PER_BLOCK as u64);
-    let most = blocks(node.extents.len() as u64 + node.reserved.len() as u64 + extra);
+    let pending = node.reserved.len() as u64 + 2 * node.converting.len() as u64;
+    let most = blocks(node.extents.len() as u64 + pending + extra);
     let least = blocks(node.extents.len() as u64);
     let have = node.chain.len() as u64;
     let (grow, shrink) = (most.saturating_sub(have), have.saturating_sub(least));
@@ -402,7 +507,7 @@ mod tests {
     fn node(extents: &[(u32, u32, u64)]) -> Inode {
         let mut n = Inode::default();
         for (l, len, p) in extents {
-            n.extents.insert(*l, (*len, *p));
+            n.extents.insert(*l, Run { len: *len, phys: *p, unwritten: false });
         }
         n
     }

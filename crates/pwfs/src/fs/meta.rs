@@ -8,7 +8,7 @@
 //! in the running transaction (`fs::tx`); [`Meta::take_tx`] stores the registered
 //! inodes and turns the transaction into journal images.
 
-use super::inode::{chain_cost, chain_cost_of, Inode, InodeCell, InodeGuard, InodeTable};
+use super::inode::{chain_cost, chain_cost_of, Inode, InodeCell, InodeGuard, InodeTable, Run};
 use super::tx::Tx;
 pub use super::tx::TxSize;
 use crate::alloc::Allocator;
@@ -194,11 +194,11 @@ impl Meta {
     pub fn unmap_cost(&self, node: &Inode, from: u64) -> u64 {
         let bitmap = self.sb.block_bitmap_blocks;
         let mut n = 0u64;
-        for (start, (len, _)) in node.extents.iter().rev() {
-            if (*start as u64 + *len as u64) <= from {
+        for (start, run) in node.extents.iter().rev() {
+            if (*start as u64 + run.len as u64) <= from {
                 break;
             }
-            n += (*len as u64).div_ceil(f::BITS_PER_BITMAP_BLOCK) + 1;
+            n += (run.len as u64).div_ceil(f::BITS_PER_BITMAP_BLOCK) + 1;
             if n >= bitmap {
                 return bitmap;
             }
@@ -230,7 +230,8 @@ impl Meta {
             let mut node = self.inode(ino)?;
             let journaled = node.is_dir() || node.kind() == f::S_IFLNK;
             let base = tx.plus(TxSize::new(1, 0)).plus(chain_cost(&node, bitmap));
-            let Some((&start, &(len, _))) = node.extents.iter().next_back() else { break };
+            let Some((&start, run)) = node.extents.iter().next_back() else { break };
+            let len = run.len;
             // Split a long extent so that one piece always fits.
             let len = len as u64;
             let piece = if journaled { len.min(f::JDESC_ENTRIES as u64) } else { len };
@@ -456,7 +457,10 @@ impl Meta {
             if e.len == 0 || e.physical < self.sb.data_start || e.physical + e.len as u64 > self.sb.data_end {
                 return Err(Error::corrupt(format!("inode {ino}: extent outside the data area")));
             }
-            node.extents.insert(e.logical, (e.len, e.physical));
+            if e.unwritten && node.kind() != f::S_IFREG {
+                return Err(Error::corrupt(format!("inode {ino}: unwritten extent in a file that is not regular")));
+            }
+            node.extents.insert(e.logical, Run { len: e.len, phys: e.physical, unwritten: e.unwritten });
         }
         Ok(node)
     }
@@ -486,8 +490,11 @@ impl Meta {
         if node.freed {
             return Ok(TxSize::default());
         }
-        let extents: Vec<Extent> =
-            node.extents.iter().map(|(l, (n, p))| Extent { logical: *l, len: *n, physical: *p }).collect();
+        let extents: Vec<Extent> = node
+            .extents
+            .iter()
+            .map(|(l, r)| Extent { logical: *l, len: r.len, physical: r.phys, unwritten: r.unwritten })
+            .collect();
         let overflow = extents.len().saturating_sub(f::INLINE_EXTENTS);
         let need = overflow.div_ceil(f::EXTENTS_PER_BLOCK);
         let (mut grown, mut shrunk) = (0u64, 0u64);
@@ -575,8 +582,8 @@ impl Meta {
         self.table.remove(ino);
         self.tx.forget(ino);
         let journaled = node.is_dir() || node.kind() == f::S_IFLNK;
-        for (_, (len, phys)) in node.extents.iter() {
-            self.free_blocks(*phys, *len as u64, journaled)?;
+        for run in node.extents.values() {
+            self.free_blocks(run.phys, run.len as u64, journaled)?;
         }
         for b in &node.chain {
             self.free_blocks(*b, 1, true)?;

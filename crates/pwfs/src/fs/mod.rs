@@ -19,6 +19,7 @@ pub(crate) mod meta;
 mod mkfs;
 mod mount;
 mod ops;
+mod space;
 pub(crate) mod tx;
 
 use crate::cache::PageCache;
@@ -35,6 +36,9 @@ use std::thread::JoinHandle;
 
 pub use api::{DirEntry, File, FileType, Metadata, OpenOptions, SetAttr, StatFs};
 pub use mkfs::{mkfs, mkfs_with_progress, read_superblock, MkfsOptions};
+pub use space::{
+    FALLOC_FL_COLLAPSE_RANGE, FALLOC_FL_INSERT_RANGE, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE,
+};
 
 /// A mounted file system. Cheap to clone; the last handle (open `File`s included)
 /// to go away flushes and empties the journal, as `unmount` does explicitly.

@@ -937,7 +937,10 @@ impl Fs {
     /// `append`) and the end of the write.
     fn begin_write(&self, cell: &InodeCell, offset: u64, len: u64, append: bool) -> Result<(u64, u64, u64)> {
         let ino = cell.ino;
-        let check = |node: &Inode| -> Result<(u64, u64, u64, Vec<u64>)> {
+        // Pages to reserve space for (unmapped, not reserved yet) and pages whose
+        // unwritten blocks write-back will mark written (room for the split runs).
+        type Needs = (Vec<u64>, Vec<u64>);
+        let check = |node: &Inode| -> Result<(u64, u64, u64, Needs)> {
             if node.freed {
                 return Err(Error::not_found(format!("inode {ino} is not in use")));
             }
@@ -949,19 +952,23 @@ impl Fs {
             let end = offset.checked_add(len).filter(|e| *e <= f::MAX_FILE_SIZE);
             let end = end.ok_or_else(|| Error::file_too_big(""))?;
             if len == 0 {
-                return Ok((size, offset, end, Vec::new()));
+                return Ok((size, offset, end, Default::default()));
             }
             let (first, last) = (offset / BLOCK, (end - 1) / BLOCK);
             let need = (first..=last).filter(|i| node.map(*i).is_none() && !node.reserved.contains(i)).collect();
-            Ok((size, offset, end, need))
+            let conv = match node.extents.is_empty() {
+                true => Vec::new(),
+                false => (first..=last).filter(|i| node.is_unwritten(*i) && !node.converting.contains(i)).collect(),
+            };
+            Ok((size, offset, end, (need, conv)))
         };
         loop {
             let mut node = cell.lock();
-            let (size, offset, end, need) = check(&node)?;
+            let (size, offset, end, (need, conv)) = check(&node)?;
             if len == 0 {
                 return Ok((size, offset, end));
             }
-            if need.is_empty() {
+            if need.is_empty() && conv.is_empty() {
                 if node.register(&self.inner.tx, Some(self.inner.tx_room())) {
                     node.pins += 1;
                     return Ok((size, offset, end));
@@ -972,18 +979,20 @@ impl Fs {
             }
             drop(node);
             // Space to reserve: under the metadata lock, with room promised for the
-            // inode (an extent per new page at worst) and the bitmap blocks that
-            // write-back changes to allocate them.
+            // inode (an extent per new page at worst, two per unwritten page) and the
+            // bitmap blocks that write-back changes to allocate them.
             let (mut m, ()) = self.inner.admitted(|m| {
-                let n = check(&*m.inode(ino)?)?.3.len() as u64;
-                let tx = m.inode_cost(ino, n)?.plus(TxSize::new(n.min(m.sb.block_bitmap_blocks), 0));
+                let (need, conv) = check(&*m.inode(ino)?)?.3;
+                let (n, c) = (need.len() as u64, conv.len() as u64);
+                let tx = m.inode_cost(ino, n + 2 * c)?.plus(TxSize::new(n.min(m.sb.block_bitmap_blocks), 0));
                 Ok((Need { tx, blocks: n, inode: false }, ()))
             })?;
             let tx = m.tx.clone();
             let mut node = m.inode(ino)?;
-            let (size, offset, end, need) = check(&node)?;
+            let (size, offset, end, (need, conv)) = check(&node)?;
             let n = need.len() as u64;
             node.reserved.extend(need);
+            node.converting.extend(conv);
             node.pins += 1;
             node.register(&tx, None);
             drop(node);
@@ -1041,9 +1050,10 @@ impl Fs {
             // page in a hole (no block, nothing reserved) is zeros already.
             let hole = |idx: u64| {
                 let n = cell.lock();
-                n.map(idx).is_none() && !n.reserved.contains(&idx)
+                n.map_data(idx).is_none() && !n.reserved.contains(&idx) && !n.converting.contains(&idx)
             };
-            if !size.is_multiple_of(BLOCK) && !hole(size / BLOCK) {
+            let zeroed = !size.is_multiple_of(BLOCK) && !hole(size / BLOCK);
+            if zeroed {
                 let idx = size / BLOCK;
                 cell.note_pages(idx + 1);
                 let (p, new) = self.inner.cache.get_or_insert((ino, idx));
@@ -1069,16 +1079,18 @@ impl Fs {
             // truncate commits, a crash would show the old size with zeros in it. It
             // moves to a new block instead (the old one is freed with the truncate),
             // unless the device is too full for that.
-            let tail = !size.is_multiple_of(BLOCK) && m.available() > FsInner::meta_reserve(&m);
+            let tail = zeroed && m.available() > FsInner::meta_reserve(&m);
             self.inner.mutate(&mut m, |m| {
                 let mut node = m.inode(ino)?;
                 let mut freed = node.unmap_from(keep);
                 let mut reserved = 0i64;
                 if tail && node.map(keep - 1).is_some() {
                     freed.extend(node.unmap_range(keep - 1, keep));
+                    node.converting.remove(&(keep - 1));
                     node.reserved.insert(keep - 1);
                     reserved += 1;
                 }
+                node.converting.retain(|i| *i < keep);
                 let dropped: Vec<u64> = node.reserved.range(keep..).copied().collect();
                 for i in &dropped {
                     node.reserved.remove(i);

@@ -1,0 +1,124 @@
+//! The calls databases, package managers and test suites use beyond read and write,
+//! through the kernel in every kernel cache mode: fallocate, SEEK_DATA/SEEK_HOLE,
+//! renameat2 (exchange, whiteout), file handles.
+
+mod common;
+use common::{can_mount, mount_in};
+use pwfs::device::mem::MemDevice;
+use pwfs::{Config, Fs, MkfsOptions};
+use pwfs_fuse::{KernelCache, MountOptions};
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::io::AsRawFd;
+use std::sync::Arc;
+
+const MODES: [KernelCache; 3] = [KernelCache::WriteThrough, KernelCache::Off, KernelCache::WriteBack];
+
+fn fresh(name: &str, cache: KernelCache) -> (Arc<MemDevice>, Fs, std::path::PathBuf, pwfs_fuse::Mounted) {
+    let dev = Arc::new(MemDevice::new(128 << 20));
+    pwfs::mkfs(&*dev, &MkfsOptions::default()).unwrap();
+    let fs = Fs::mount(dev.clone(), Config { cache_bytes: 8 << 20, ..Default::default() }).unwrap();
+    let (dir, mounted) =
+        mount_in(&fs, &format!("{name}-{cache:?}"), &MountOptions { kernel_cache: cache, ..Default::default() });
+    (dev, fs, dir, mounted)
+}
+
+fn last_errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap()
+}
+
+fn fallocate(f: &std::fs::File, mode: i32, off: i64, len: i64) -> Result<(), i32> {
+    match unsafe { libc::fallocate(f.as_raw_fd(), mode, off, len) } {
+        0 => Ok(()),
+        _ => Err(last_errno()),
+    }
+}
+
+fn seek(f: &std::fs::File, off: i64, whence: i32) -> Result<i64, i32> {
+    match unsafe { libc::lseek(f.as_raw_fd(), off, whence) } {
+        -1 => Err(last_errno()),
+        n => Ok(n),
+    }
+}
+
+fn pread(f: &std::fs::File, len: usize, off: u64) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; len];
+    f.read_exact_at(&mut buf, off).unwrap();
+    buf
+}
+
+#[test]
+fn fallocate_and_seek_hole_data_through_the_kernel() {
+    if !can_mount() {
+        return;
+    }
+    for cache in MODES {
+        let (dev, fs, dir, mounted) = fresh("falloc", cache);
+        let path = dir.join("f");
+        let f = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).unwrap();
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(&[1u8; 16384], 0).unwrap();
+        // Preallocate past the end: size grows, the new part reads as zeros.
+        fallocate(&f, 0, 16384, 1 << 20).unwrap();
+        assert_eq!(f.metadata().unwrap().len(), 16384 + (1 << 20), "{cache:?}");
+        // (The kernel keeps st_blocks with the attributes it caches; the engine's count.)
+        let ino = f.metadata().unwrap().ino();
+        let blocks = fs.getattr(ino).unwrap().blocks;
+        assert!(blocks >= (1 << 20) / 512, "{cache:?}: {blocks} sectors");
+        assert!(pread(&f, 1 << 20, 16384).iter().all(|b| *b == 0));
+        // KEEP_SIZE past the end: blocks, no size.
+        fallocate(&f, libc::FALLOC_FL_KEEP_SIZE, 2 << 20, 1 << 20).unwrap();
+        assert_eq!(f.metadata().unwrap().len(), 16384 + (1 << 20));
+        // Punch inside the written part (partial blocks zeroed too).
+        fallocate(&f, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, 1000, 8192).unwrap();
+        let head = pread(&f, 16384, 0);
+        assert!(head[..1000].iter().all(|b| *b == 1), "{cache:?}");
+        assert!(head[1000..9192].iter().all(|b| *b == 0), "{cache:?}: punched bytes read back");
+        assert!(head[9192..].iter().all(|b| *b == 1), "{cache:?}");
+        // Zero range over the rest of the written part.
+        fallocate(&f, libc::FALLOC_FL_ZERO_RANGE, 9192, 100).unwrap();
+        assert!(pread(&f, 100, 9192).iter().all(|b| *b == 0), "{cache:?}");
+        assert_eq!(pread(&f, 1, 9292), [1]);
+        // SEEK_DATA/SEEK_HOLE: data at 0, a hole at block 1 (punched whole), data at
+        // block 2, and the preallocated rest is a hole.
+        assert_eq!(seek(&f, 0, libc::SEEK_DATA), Ok(0));
+        assert_eq!(seek(&f, 0, libc::SEEK_HOLE), Ok(4096), "{cache:?}");
+        assert_eq!(seek(&f, 4096, libc::SEEK_DATA), Ok(8192), "{cache:?}");
+        assert_eq!(seek(&f, 8192, libc::SEEK_HOLE), Ok(16384), "{cache:?}");
+        assert_eq!(seek(&f, 16384, libc::SEEK_DATA), Err(libc::ENXIO), "{cache:?}");
+        assert_eq!(seek(&f, 1 << 30, libc::SEEK_HOLE), Err(libc::ENXIO));
+        // The kernel keeps collapse and insert range from FUSE.
+        assert_eq!(fallocate(&f, libc::FALLOC_FL_COLLAPSE_RANGE, 0, 4096), Err(libc::EOPNOTSUPP));
+        f.sync_all().unwrap();
+        drop(f);
+        mounted.unmount().unwrap();
+        std::fs::remove_dir(&dir).unwrap();
+        fs.unmount().unwrap();
+        let r = pwfs::fsck::check(&*dev).unwrap();
+        assert!(r.is_clean(), "{cache:?}: {}", r.errors.join("\n"));
+    }
+}
+
+/// `posix_fallocate` (glibc's, over fallocate(2)) reserves space so that writes into it
+/// never fail with ENOSPC.
+#[test]
+fn posix_fallocate_reserves_space() {
+    if !can_mount() {
+        return;
+    }
+    let (_dev, fs, dir, mounted) = fresh("posixfalloc", KernelCache::WriteThrough);
+    let path = CString::new(dir.join("r").as_os_str().as_bytes()).unwrap();
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_CREAT | libc::O_RDWR, 0o644) };
+    assert!(fd >= 0);
+    assert_eq!(unsafe { libc::posix_fallocate(fd, 0, 8 << 20) }, 0);
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::fstat(fd, &mut st) }, 0);
+    assert_eq!(st.st_size, 8 << 20);
+    assert_eq!(unsafe { libc::posix_fallocate(fd, 0, 1 << 40) }, libc::ENOSPC);
+    unsafe { libc::close(fd) };
+    mounted.unmount().unwrap();
+    std::fs::remove_dir(&dir).unwrap();
+    fs.unmount().unwrap();
+}
