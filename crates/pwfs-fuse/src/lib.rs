@@ -322,7 +322,7 @@ impl Filesystem for PwFuse {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -330,11 +330,24 @@ impl Filesystem for PwFuse {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        if flags.contains(RenameFlags::RENAME_EXCHANGE) || !(flags - RenameFlags::RENAME_NOREPLACE).is_empty() {
+        let known = RenameFlags::RENAME_NOREPLACE | RenameFlags::RENAME_EXCHANGE | RenameFlags::RENAME_WHITEOUT;
+        let exchange = flags.contains(RenameFlags::RENAME_EXCHANGE);
+        let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
+        let whiteout = flags.contains(RenameFlags::RENAME_WHITEOUT);
+        // The kernel refuses these combinations itself; a request that has one anyway is
+        // refused as renameat2(2) would.
+        if !(flags - known).is_empty() || (exchange && (noreplace || whiteout)) {
             return reply.error(Errno::EINVAL);
         }
-        let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
-        empty(reply, self.fs.rename(parent.0, name.as_bytes(), newparent.0, newname.as_bytes(), noreplace))
+        let (sp, sname, dp, dname) = (parent.0, name.as_bytes(), newparent.0, newname.as_bytes());
+        let r = if exchange {
+            self.fs.rename_exchange(sp, sname, dp, dname)
+        } else if whiteout {
+            self.fs.rename_whiteout(sp, sname, dp, dname, noreplace, (req.uid(), req.gid()))
+        } else {
+            self.fs.rename(sp, sname, dp, dname, noreplace)
+        };
+        empty(reply, r)
     }
 
     fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {

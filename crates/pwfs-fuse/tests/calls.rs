@@ -122,3 +122,47 @@ fn posix_fallocate_reserves_space() {
     std::fs::remove_dir(&dir).unwrap();
     fs.unmount().unwrap();
 }
+
+fn renameat2(from: &std::path::Path, to: &std::path::Path, flags: u32) -> Result<(), i32> {
+    let (a, b) = (CString::new(from.as_os_str().as_bytes()).unwrap(), CString::new(to.as_os_str().as_bytes()).unwrap());
+    let r = unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), flags) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(last_errno())
+    }
+}
+
+#[test]
+fn renameat2_exchange_and_whiteout_through_the_kernel() {
+    if !can_mount() {
+        return;
+    }
+    for cache in MODES {
+        let (dev, fs, dir, mounted) = fresh("rename2", cache);
+        let p = |s: &str| dir.join(s);
+        std::fs::write(p("a"), b"aaa").unwrap();
+        std::fs::create_dir(p("d")).unwrap();
+        std::fs::write(p("d/b"), b"bbb").unwrap();
+        renameat2(&p("a"), &p("d/b"), libc::RENAME_EXCHANGE).unwrap();
+        assert_eq!(std::fs::read(p("a")).unwrap(), b"bbb", "{cache:?}");
+        assert_eq!(std::fs::read(p("d/b")).unwrap(), b"aaa", "{cache:?}");
+        assert_eq!(renameat2(&p("a"), &p("nope"), libc::RENAME_EXCHANGE), Err(libc::ENOENT));
+        // A directory and a file swap; the directory's '..' follows it.
+        renameat2(&p("d"), &p("a"), libc::RENAME_EXCHANGE).unwrap();
+        assert!(std::fs::metadata(p("a")).unwrap().is_dir());
+        assert_eq!(std::fs::read(p("a/b")).unwrap(), b"aaa");
+        assert_eq!(std::fs::read(p("d")).unwrap(), b"bbb");
+        // Whiteout: the source name becomes a character device 0:0.
+        renameat2(&p("d"), &p("e"), libc::RENAME_WHITEOUT).unwrap();
+        let w = std::fs::symlink_metadata(p("d")).unwrap();
+        assert_eq!(w.mode() & libc::S_IFMT, libc::S_IFCHR, "{cache:?}");
+        assert_eq!(w.rdev(), 0);
+        assert_eq!(std::fs::read(p("e")).unwrap(), b"bbb");
+        mounted.unmount().unwrap();
+        std::fs::remove_dir(&dir).unwrap();
+        fs.unmount().unwrap();
+        let r = pwfs::fsck::check(&*dev).unwrap();
+        assert!(r.is_clean(), "{cache:?}: {}", r.errors.join("\n"));
+    }
+}

@@ -261,3 +261,58 @@ fn extended_attributes() {
     fs.unmount().unwrap();
     fsck_clean(&*dev);
 }
+
+#[test]
+fn rename_exchange_swaps_files_and_directories_atomically() {
+    let (dev, fs) = mem_fs(32 * MIB);
+    let root = 1;
+    fs.write_file("/a", b"aaa").unwrap();
+    fs.create_dir("/d1", 0o755).unwrap();
+    fs.create_dir("/d2", 0o755).unwrap();
+    fs.create_dir("/d1/sub", 0o755).unwrap();
+    fs.write_file("/d2/b", b"bbb").unwrap();
+    let (d1, d2) = (fs.metadata("/d1").unwrap().ino, fs.metadata("/d2").unwrap().ino);
+    // Two files: contents swap, inode numbers with them.
+    let (ia, ib) = (fs.metadata("/a").unwrap().ino, fs.metadata("/d2/b").unwrap().ino);
+    fs.rename_exchange(root, b"a", d2, b"b").unwrap();
+    assert_eq!(fs.read_file("/a").unwrap(), b"bbb");
+    assert_eq!(fs.read_file("/d2/b").unwrap(), b"aaa");
+    assert_eq!((fs.metadata("/a").unwrap().ino, fs.metadata("/d2/b").unwrap().ino), (ib, ia));
+    // A directory with a file across parents: link counts and '..' follow.
+    let (n1, n2) = (fs.metadata("/d1").unwrap().nlink, fs.metadata("/d2").unwrap().nlink);
+    fs.rename_exchange(d1, b"sub", d2, b"b").unwrap();
+    assert!(fs.metadata("/d2/b").unwrap().is_dir());
+    assert_eq!(fs.read_file("/d1/sub").unwrap(), b"aaa");
+    assert_eq!(fs.metadata("/d1").unwrap().nlink, n1 - 1);
+    assert_eq!(fs.metadata("/d2").unwrap().nlink, n2 + 1);
+    fs.write_file("/d2/b/x", b"x").unwrap();
+    assert_eq!(fs.read_file("/d2/b/../b/x").unwrap(), b"x");
+    // Errors: a missing name, a directory into itself, '.'.
+    assert_eq!(errno(fs.rename_exchange(root, b"nope", d2, b"b")), libc::ENOENT);
+    assert_eq!(errno(fs.rename_exchange(d2, b"b", d2, b"nope")), libc::ENOENT);
+    let sub = fs.metadata("/d2/b").unwrap().ino;
+    fs.create_dir("/d2/b/in", 0o755).unwrap();
+    assert_eq!(errno(fs.rename_exchange(root, b"d2", sub, b"in")), libc::EINVAL);
+    assert_eq!(errno(fs.rename_exchange(root, b".", d2, b"b")), libc::EBUSY);
+    // The same inode under both names: nothing happens.
+    fs.rename_exchange(d2, b"b", d2, b"b").unwrap();
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}
+
+#[test]
+fn rename_whiteout_leaves_a_whiteout_device_in_the_source_name() {
+    let (dev, fs) = mem_fs(32 * MIB);
+    fs.write_file("/upper", b"u").unwrap();
+    fs.write_file("/taken", b"t").unwrap();
+    fs.rename_whiteout(1, b"upper", 1, b"moved", false, (7, 8)).unwrap();
+    assert_eq!(fs.read_file("/moved").unwrap(), b"u");
+    let w = fs.metadata("/upper").unwrap();
+    assert_eq!(w.mode & 0o170000, 0o020000, "a character device");
+    assert_eq!((w.rdev, w.uid, w.gid, w.nlink), (0, 7, 8, 1));
+    assert_eq!(errno(fs.rename_whiteout(1, b"moved", 1, b"taken", true, (0, 0))), libc::EEXIST);
+    fs.rename_whiteout(1, b"moved", 1, b"taken", false, (0, 0)).unwrap();
+    assert_eq!(fs.read_file("/taken").unwrap(), b"u");
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}

@@ -355,6 +355,112 @@ impl Fs {
 
     /// rename(2). `noreplace` is RENAME_NOREPLACE.
     pub fn rename(&self, sp: u64, sname: &[u8], dp: u64, dname: &[u8], noreplace: bool) -> Result<()> {
+        self.rename_inner(sp, sname, dp, dname, noreplace, None)
+    }
+
+    /// renameat2(2) with RENAME_WHITEOUT: the rename, and in the same transaction a
+    /// whiteout (a character device 0:0, owned by `owner`, uid and gid) takes the source's name,
+    /// as overlayfs needs. (The kernel checks CAP_MKNOD.)
+    pub fn rename_whiteout(
+        &self,
+        sp: u64,
+        sname: &[u8],
+        dp: u64,
+        dname: &[u8],
+        noreplace: bool,
+        owner: (u32, u32),
+    ) -> Result<()> {
+        self.rename_inner(sp, sname, dp, dname, noreplace, Some(owner))
+    }
+
+    /// renameat2(2) with RENAME_EXCHANGE: the two names swap their inodes atomically.
+    /// Both must exist (ENOENT); a directory may not move into itself (EINVAL).
+    pub fn rename_exchange(&self, sp: u64, sname: &[u8], dp: u64, dname: &[u8]) -> Result<()> {
+        self.inner.check_writable()?;
+        if is_dot(sname) || is_dot(dname) {
+            return Err(Error::new(crate::ErrorKind::Busy, "cannot exchange '.' or '..'"));
+        }
+        check_name(sname)?;
+        check_name(dname)?;
+        let (mut m, checked) = self.inner.admitted(|m| {
+            if !m.inode(sp)?.is_dir() || !m.inode(dp)?.is_dir() {
+                return Err(Error::not_dir(""));
+            }
+            let (a, _) = m.lookup(sp, sname)?.ok_or_else(|| Error::not_found(""))?;
+            let (b, _) = m.lookup(dp, dname)?.ok_or_else(|| Error::not_found(""))?;
+            if a == b {
+                return Ok((Need::tx(TxSize::default()), None));
+            }
+            let (a_mode, b_mode) = (m.inode(a)?.d.mode, m.inode(b)?.d.mode);
+            let is_dir = |mode: u32| mode & f::S_IFMT == f::S_IFDIR;
+            // Neither directory may end up inside itself.
+            for (moved, into) in [(a, dp), (b, sp)] {
+                if !m.inode(moved)?.is_dir() {
+                    continue;
+                }
+                let mut at = into;
+                loop {
+                    if at == moved {
+                        return Err(Error::invalid("cannot move a directory into itself"));
+                    }
+                    if at == f::ROOT_INO {
+                        break;
+                    }
+                    at = m.inode(at)?.d.parent;
+                }
+            }
+            let tx = m
+                .inode_cost(sp, 0)?
+                .plus(m.inode_cost(dp, 0)?)
+                .plus(m.inode_cost(a, 0)?)
+                .plus(m.inode_cost(b, 0)?)
+                .plus(entry_cost(false))
+                .plus(entry_cost(false));
+            Ok((Need::tx(tx), Some((a, a_mode, is_dir(a_mode), b, b_mode, is_dir(b_mode)))))
+        })?;
+        let Some((a, a_mode, a_dir, b, b_mode, b_dir)) = checked else {
+            return Ok(());
+        };
+        self.inner.mutate(&mut m, |m| {
+            let t = now();
+            m.dir_replace(dp, dname, a, ftype_of(a_mode))?;
+            m.dir_replace(sp, sname, b, ftype_of(b_mode))?;
+            if sp != dp {
+                if a_dir {
+                    m.inode(a)?.d.parent = dp;
+                    m.inode(sp)?.d.nlink -= 1;
+                    m.inode(dp)?.d.nlink += 1;
+                }
+                if b_dir {
+                    m.inode(b)?.d.parent = sp;
+                    m.inode(dp)?.d.nlink -= 1;
+                    m.inode(sp)?.d.nlink += 1;
+                }
+            }
+            for ino in [sp, dp] {
+                m.update(ino, |n| {
+                    n.d.mtime = t;
+                    n.d.ctime = t;
+                })?;
+            }
+            for ino in [a, b] {
+                m.update(ino, |n| n.d.ctime = t)?;
+            }
+            Ok(())
+        })?;
+        drop(m);
+        self.inner.maybe_commit()
+    }
+
+    fn rename_inner(
+        &self,
+        sp: u64,
+        sname: &[u8],
+        dp: u64,
+        dname: &[u8],
+        noreplace: bool,
+        whiteout: Option<(u32, u32)>,
+    ) -> Result<()> {
         self.inner.check_writable()?;
         if is_dot(sname) || is_dot(dname) {
             return Err(Error::new(crate::ErrorKind::Busy, "cannot rename '.' or '..'"));
@@ -407,11 +513,18 @@ impl Fs {
             }
             // The source entry's block and the target's.
             tx = tx.plus(entry_cost(false)).plus(entry_cost(grow));
-            Ok((Need { tx, blocks: grow as u64, inode: false }, Some((src, src_mode, src_dir, dst))))
+            if whiteout.is_some() {
+                // The whiteout's inode and its bitmap block (its entry takes the
+                // source's slot).
+                tx = tx.plus(TxSize::new(2, 0));
+            }
+            let need = Need { tx, blocks: grow as u64, inode: whiteout.is_some() };
+            Ok((need, Some((src, src_mode, src_dir, dst))))
         })?;
         let Some((src, src_mode, src_dir, dst)) = checked else {
             return Ok(());
         };
+        let white_cell = whiteout.map(|_| InodeCell::blank(f::S_IFCHR));
         let gone = self.inner.mutate(&mut m, |m| {
             let t = now();
             let mut gone = None;
@@ -427,6 +540,14 @@ impl Fs {
                 None => m.dir_add(dp, dname, src, ftype_of(src_mode))?,
             }
             m.dir_remove(sp, sname)?;
+            if let (Some((uid, gid)), Some(cell)) = (whiteout, white_cell) {
+                let w = m.new_inode(cell, uid, gid)?;
+                m.update(w, |n| {
+                    n.d.nlink = 1;
+                    n.d.rdev = 0;
+                })?;
+                m.dir_add(sp, sname, w, ftype_of(f::S_IFCHR))?;
+            }
             if src_dir && sp != dp {
                 m.inode(sp)?.d.nlink -= 1;
                 m.inode(dp)?.d.nlink += 1;
