@@ -218,7 +218,10 @@ impl Filesystem for PwFuse {
                 | InitFlags::FUSE_BIG_WRITES
                 | InitFlags::FUSE_DO_READDIRPLUS
                 | InitFlags::FUSE_READDIRPLUS_AUTO
-                | InitFlags::FUSE_CACHE_SYMLINKS,
+                | InitFlags::FUSE_CACHE_SYMLINKS
+                // File handles survive a remount: inode numbers and generations are
+                // on disk (name_to_handle_at, open_by_handle_at, NFS export).
+                | InitFlags::FUSE_EXPORT_SUPPORT,
         );
         if self.cache != KernelCache::Off {
             let _ = config.add_capabilities(InitFlags::FUSE_NO_OPENDIR_SUPPORT);
@@ -246,8 +249,14 @@ impl Filesystem for PwFuse {
         self.forget_n(ino.0, nlookup);
     }
 
+    /// Also "." of any inode and ".." of a directory: the kernel looks them up to turn
+    /// a file handle (open_by_handle_at, NFS export) back into an inode it no longer
+    /// holds, and checks the generation it gets against the handle's (ESTALE).
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.entry(reply, self.fs.lookup(parent.0, name.as_bytes()))
+        match name.as_bytes() {
+            b"." => self.entry(reply, self.fs.getattr(parent.0)),
+            name => self.entry(reply, self.fs.lookup(parent.0, name)),
+        }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {

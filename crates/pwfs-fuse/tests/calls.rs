@@ -166,3 +166,85 @@ fn renameat2_exchange_and_whiteout_through_the_kernel() {
         assert!(r.is_clean(), "{cache:?}: {}", r.errors.join("\n"));
     }
 }
+
+#[repr(C)]
+struct FileHandle {
+    bytes: u32,
+    kind: i32,
+    data: [u8; 128],
+}
+
+fn name_to_handle(path: &std::path::Path) -> Result<FileHandle, i32> {
+    let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+    let mut h = FileHandle { bytes: 128, kind: 0, data: [0; 128] };
+    let mut mount_id: i32 = 0;
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_name_to_handle_at,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            &mut h as *mut FileHandle,
+            &mut mount_id,
+            0,
+        )
+    };
+    if r == 0 {
+        Ok(h)
+    } else {
+        Err(last_errno())
+    }
+}
+
+fn open_by_handle(mount: &std::path::Path, h: &FileHandle) -> Result<std::fs::File, i32> {
+    use std::os::unix::io::FromRawFd;
+    let m = std::fs::File::open(mount).unwrap();
+    let fd =
+        unsafe { libc::syscall(libc::SYS_open_by_handle_at, m.as_raw_fd(), h as *const FileHandle, libc::O_RDONLY) };
+    if fd < 0 {
+        Err(last_errno())
+    } else {
+        Ok(unsafe { std::fs::File::from_raw_fd(fd as i32) })
+    }
+}
+
+/// A file handle opens its file again after the kernel forgot the inode and after a
+/// remount; a handle of a deleted file is stale.
+#[test]
+fn file_handles_survive_a_remount() {
+    if !can_mount() {
+        return;
+    }
+    let dev = Arc::new(MemDevice::new(64 << 20));
+    pwfs::mkfs(&*dev, &MkfsOptions::default()).unwrap();
+    let config = || Config { cache_bytes: 8 << 20, ..Default::default() };
+    let fs = Fs::mount(dev.clone(), config()).unwrap();
+    let (dir, mounted) = mount_in(&fs, "handles", &Default::default());
+    std::fs::create_dir(dir.join("d")).unwrap();
+    std::fs::write(dir.join("d/kept"), b"kept contents").unwrap();
+    std::fs::write(dir.join("gone"), b"x").unwrap();
+    let kept = name_to_handle(&dir.join("d/kept")).unwrap();
+    let gone = name_to_handle(&dir.join("gone")).unwrap();
+    let d = name_to_handle(&dir.join("d")).unwrap();
+    std::fs::remove_file(dir.join("gone")).unwrap();
+    mounted.unmount().unwrap();
+    fs.unmount().unwrap();
+    // A new daemon, a new mount: the kernel knows none of these inodes.
+    let fs = Fs::mount(dev.clone(), config()).unwrap();
+    let mounted = pwfs_fuse::mount_with(fs.clone(), &dir, &Default::default()).unwrap();
+    let mut f = open_by_handle(&dir, &kept).expect("the handle opens after a remount");
+    let mut s = String::new();
+    use std::io::Read;
+    f.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "kept contents");
+    assert!(open_by_handle(&dir, &d).is_ok(), "a directory's handle");
+    assert_eq!(open_by_handle(&dir, &gone).err(), Some(libc::ESTALE), "a deleted file's handle is stale");
+    // Its number taken by a new file: the generation tells them apart.
+    for i in 0..4 {
+        std::fs::write(dir.join(format!("new{i}")), b"n").unwrap();
+    }
+    assert_eq!(open_by_handle(&dir, &gone).err(), Some(libc::ESTALE), "a reused inode number is stale");
+    drop(f);
+    mounted.unmount().unwrap();
+    std::fs::remove_dir(&dir).unwrap();
+    fs.unmount().unwrap();
+}
