@@ -265,7 +265,7 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
             .map_err(err("mkfs"))?;
         let config = Config { cache_bytes: crate::basic::CACHE_BYTES, ..Default::default() };
         let fs = pwfs::mount_image(&image, config).map_err(err("mount image"))?;
-        let options = pwfs_fuse::MountOptions { allow_other: false, kernel_cache: cache };
+        let options = pwfs_fuse::MountOptions { allow_other: false, kernel_cache: cache, ..Default::default() };
         let mounted = pwfs_fuse::mount_with(fs.clone(), &mnt, &options).map_err(err("FUSE mount"))?;
         mounts.push((mounted, fs.clone(), image));
         sides.push(Side { name, dir: mnt, fs: Some(fs) });

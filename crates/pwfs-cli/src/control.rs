@@ -1,8 +1,8 @@
 //! The control socket of a serving `pwfs mount`, and its clients `pwfs sync` and
 //! `pwfs stat`. The kernel does not forward sync(2)/syncfs(2) to a FUSE server, so a
 //! process that wants a mount made durable asks the serving process here: a UNIX
-//! stream socket in /run/pwfs (mode 0600), one request line per connection (`sync` or
-//! `stat`), one answer (`ok`, `error REASON`, or the rendered counters), then close.
+//! stream socket in /run/pwfs (mode 0600), one request line per connection (`sync`,
+//! `stat` or `pid`), one answer (`ok`, `error REASON`, or the rendered counters), then close.
 
 use pwfs::Fs;
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
@@ -81,8 +81,9 @@ fn answer(stream: UnixStream, fs: &RwLock<Option<Fs>>) {
             Err(e) => format!("error {}\n", e.to_string().replace('\n', " ")),
         },
         (Some(fs), "stat") => crate::mount::render_stats(fs),
+        (_, "pid") => format!("{}\n", std::process::id()),
         (None, "sync" | "stat") => "error the file system is being unmounted\n".to_string(),
-        (_, other) => format!("error unknown request {other:?} (known: sync, stat)\n"),
+        (_, other) => format!("error unknown request {other:?} (known: sync, stat, pid)\n"),
     };
     let _ = (&stream).write_all(reply.as_bytes());
 }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 mod control;
+mod helper;
 mod mount;
 mod progress;
 
@@ -73,6 +74,17 @@ enum Cmd {
         /// reads it first).
         #[arg(long, value_enum, default_value = "write-through")]
         kernel_cache: KernelCache,
+        /// Mount options as mount(8) takes them, applied after the flags above:
+        /// cache=SIZE, fetch=POLICY, kernel_cache=MODE, check, allow_other, fsname=NAME,
+        /// ro/rw, suid/nosuid, dev/nodev, exec/noexec, noatime, ... (see README).
+        #[arg(short = 'o', long = "options")]
+        options: Option<String>,
+    },
+    /// Install the mount(8) helper: DIR/mount.fuse.pwfs, a symbolic link to this binary,
+    /// so that `mount -t fuse.pwfs IMAGE DIR` and fstab lines of type fuse.pwfs work.
+    InstallHelper {
+        #[arg(default_value = "/sbin")]
+        dir: PathBuf,
     },
     /// Unmount a pwfs mount point (the serving process then flushes and exits).
     Umount { mountpoint: PathBuf },
@@ -171,6 +183,9 @@ fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 fn main() -> ExitCode {
+    if helper::called_as_helper() {
+        return helper::main();
+    }
     let cli = Cli::parse();
     match run(cli.cmd) {
         Ok(code) => code,
@@ -273,18 +288,27 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Mount { image, mountpoint, size, cache, daemon, allow_other, fetch, check, kernel_cache } => {
-            mount::run(&mount::MountArgs {
-                image,
-                mountpoint,
-                size,
-                cache,
-                daemon,
-                allow_other,
-                fetch: fetch.into(),
+        Cmd::Mount { image, mountpoint, size, cache, daemon, allow_other, fetch, check, kernel_cache, options } => {
+            let mut opts = mount::MountOpts {
+                cache: Some(cache),
+                fetch: Some(fetch.into()),
+                kernel_cache: Some(kernel_cache.into()),
                 check,
-                kernel_cache: kernel_cache.into(),
-            })
+                allow_other,
+                ..Default::default()
+            };
+            if let Some(o) = options {
+                helper::parse_options(&o, false, &mut opts)?;
+                if opts.remount {
+                    return Err("-o remount: use `mount -o remount,...` (or mount.fuse.pwfs) on a mount".into());
+                }
+            }
+            mount::run(&mount::MountArgs { image, mountpoint, size, daemon, create: true, opts })
+        }
+        Cmd::InstallHelper { dir } => {
+            let link = helper::install(&dir)?;
+            println!("installed {} -> {}", link.display(), std::fs::read_link(&link).unwrap_or_default().display());
+            Ok(ExitCode::SUCCESS)
         }
         Cmd::Stat { mountpoint } => {
             print!("{}", control::stat(&mountpoint)?);

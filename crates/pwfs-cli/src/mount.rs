@@ -61,17 +61,34 @@ fn daemonize() -> Result<std::fs::File, String> {
     }
 }
 
+/// What `-o` (and `pwfs mount`'s flags) choose; `None`: the default.
+#[derive(Clone, Debug, Default)]
+pub struct MountOpts {
+    pub cache: Option<u64>,
+    pub fetch: Option<pwfs::FetchPolicy>,
+    pub kernel_cache: Option<pwfs_fuse::KernelCache>,
+    /// Run the full check even on an image unmounted cleanly.
+    pub check: bool,
+    pub allow_other: bool,
+    /// The mount's source in /proc/mounts (default: the image's path).
+    pub fsname: Option<String>,
+    pub suid: bool,
+    pub dev: bool,
+    /// mount(2) flags (MS_RDONLY, MS_NOEXEC, MS_NOATIME, ...).
+    pub flags: libc::c_ulong,
+    /// `-o remount` (the mount helper only).
+    pub remount: bool,
+}
+
 pub struct MountArgs {
     pub image: PathBuf,
     pub mountpoint: PathBuf,
+    /// Size of the image if it has to be created.
     pub size: u64,
-    pub cache: u64,
     pub daemon: bool,
-    pub allow_other: bool,
-    pub fetch: pwfs::FetchPolicy,
-    /// Run the full check even on an image unmounted cleanly.
-    pub check: bool,
-    pub kernel_cache: pwfs_fuse::KernelCache,
+    /// Create a missing image (`pwfs mount`); the mount helper refuses instead.
+    pub create: bool,
+    pub opts: MountOpts,
 }
 
 pub fn run(a: &MountArgs) -> Result<ExitCode, String> {
@@ -86,18 +103,26 @@ pub fn run(a: &MountArgs) -> Result<ExitCode, String> {
 }
 
 fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, String> {
-    let (image, mountpoint, size, cache, allow_other) = (&a.image, &a.mountpoint, a.size, a.cache, a.allow_other);
+    let (image, mountpoint, o) = (&a.image, &a.mountpoint, &a.opts);
     let set = block_signals();
     let mut out = String::new();
     if !image.exists() {
-        let sb = pwfs::mkfs_image(image, size, &MkfsOptions::default()).map_err(|e| e.to_string())?;
+        if !a.create {
+            return Err(format!("{}: no such image", image.display()));
+        }
+        let sb = pwfs::mkfs_image(image, a.size, &MkfsOptions::default()).map_err(|e| e.to_string())?;
         out += &format!("created {} ({} MiB)\n", image.display(), (sb.total_blocks * 4096) >> 20);
     }
     std::fs::create_dir_all(mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
     // Named before the mount, while the mount point resolves without us.
     let (stats_path, sock_path) = (stats_file(mountpoint), socket_file(mountpoint));
-    let check_on_mount = if a.check { pwfs::MountCheck::Always } else { pwfs::MountCheck::IfNotClean };
-    let config = Config { cache_bytes: cache, fetch: a.fetch, check_on_mount, ..Default::default() };
+    let check_on_mount = if o.check { pwfs::MountCheck::Always } else { pwfs::MountCheck::IfNotClean };
+    let config = Config {
+        cache_bytes: o.cache.unwrap_or(DEFAULT_CACHE),
+        fetch: o.fetch.unwrap_or(pwfs::FetchPolicy::AsyncBackground),
+        check_on_mount,
+        ..Default::default()
+    };
     let fs = pwfs::mount_image(image, config).map_err(|e| format!("{}: {e}", image.display()))?;
     // The control socket (`pwfs sync`, `pwfs stat`) answers before the mount appears, so
     // whoever sees the mount can sync it. Without it the mount still serves.
@@ -111,9 +136,22 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
             None
         }
     };
-    let options = pwfs_fuse::MountOptions { allow_other, kernel_cache: a.kernel_cache };
+    // The source in /proc/mounts: the image, by its full path, unless fsname= says.
+    let source = o
+        .fsname
+        .clone()
+        .unwrap_or_else(|| image.canonicalize().unwrap_or_else(|_| image.clone()).to_string_lossy().into_owned());
+    let options = pwfs_fuse::MountOptions {
+        allow_other: o.allow_other,
+        kernel_cache: o.kernel_cache.unwrap_or_default(),
+        fsname: Some(source),
+        suid: o.suid,
+        dev: o.dev,
+        flags: o.flags,
+    };
     let mounted = pwfs_fuse::mount_with(fs.clone(), mountpoint, &options)
         .map_err(|e| format!("mount at {}: {e}", mountpoint.display()))?;
+    let unmounter = mounted.unmounter();
     out += &format!(
         "pwfs: {} mounted at {}; Ctrl-C, SIGTERM or `pwfs umount {}` unmounts\n",
         image.display(),
@@ -157,11 +195,15 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
     let mut served = Ok(());
     loop {
         match rx.recv() {
-            Ok(Event::Signal) => {
-                if let Err(e) = umount(mountpoint) {
-                    eprintln!("pwfs: {e}; retrying when the next signal arrives");
-                }
-            }
+            // Only our own mount: if someone unmounted it already, what is mounted there
+            // now (or what was under it) is not ours to remove.
+            Ok(Event::Signal) => match unmounter.unmount() {
+                Ok(_) => {}
+                Err(e) => eprintln!(
+                    "pwfs: cannot unmount {}: {e}; retrying when the next signal arrives",
+                    mountpoint.display()
+                ),
+            },
             Ok(Event::Unmounted(r)) => {
                 served = r;
                 break;
@@ -172,26 +214,94 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
     drop(control);
     let _ = std::fs::remove_file(&stats_path);
     served.map_err(|e| format!("serving {}: {e}", mountpoint.display()))?;
+    let down = fs.is_down();
     fs.unmount().map_err(|e| format!("flushing {} at unmount: {e}", image.display()))?;
-    eprintln!("pwfs: {} unmounted; data flushed, journal empty", mountpoint.display());
+    if down {
+        eprintln!("pwfs: {} unmounted after a shutdown; the image is as a power cut left it", mountpoint.display());
+    } else {
+        eprintln!("pwfs: {} unmounted; data flushed, journal empty", mountpoint.display());
+    }
     Ok(ExitCode::SUCCESS)
 }
 
-/// Unmount a FUSE mount point (root: umount2; otherwise fusermount3 -u).
+/// Bytes of file data Patchwork caches by default.
+pub const DEFAULT_CACHE: u64 = 256 << 20;
+
+/// The flags of the pwfs mount at `mountpoint` (for a remount: options not named stay).
+pub fn current_flags(mountpoint: &Path) -> Result<MountOpts, String> {
+    let canon = mountpoint.canonicalize().map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+    let m = pwfs_fuse::top_mount(&canon)
+        .filter(|m| m.fs_type == pwfs_fuse::FS_TYPE)
+        .ok_or_else(|| format!("{}: no pwfs mounted there", mountpoint.display()))?;
+    // The per-mount options name nosuid and nodev when they apply.
+    let mut o = MountOpts { suid: true, dev: true, ..Default::default() };
+    crate::helper::parse_options(&m.options, true, &mut o)?;
+    Ok(o)
+}
+
+/// Remount the pwfs mount at `mountpoint` with `o`'s flags (read-only or back, suid,
+/// noexec, the atime options...). The kernel changes the superblock and the mount; the
+/// serving process sees it and tells the engine. Going read-only, it also makes
+/// everything durable before returning (`pwfs sync`).
+pub fn remount(mountpoint: &Path, o: &MountOpts) -> Result<(), String> {
+    let canon = mountpoint.canonicalize().map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+    let mut flags = libc::MS_REMOUNT | o.flags;
+    if !o.suid {
+        flags |= libc::MS_NOSUID;
+    }
+    if !o.dev {
+        flags |= libc::MS_NODEV;
+    }
+    let c = CString::new(canon.as_os_str().as_bytes()).map_err(|_| "mount point contains NUL".to_string())?;
+    // SAFETY: a valid C string; no source, type or data for a remount.
+    let r = unsafe { libc::mount(std::ptr::null(), c.as_ptr(), std::ptr::null(), flags, std::ptr::null()) };
+    if r != 0 {
+        return Err(format!("remount of {}: {}", mountpoint.display(), std::io::Error::last_os_error()));
+    }
+    if o.flags & libc::MS_RDONLY != 0 {
+        crate::control::sync(mountpoint)?;
+    }
+    Ok(())
+}
+
+/// `pwfs umount`: unmount a FUSE mount point (root: umount2; otherwise fusermount3
+/// -u), then wait for its serving process to flush and exit (up to a minute), so that
+/// the image is clean and free when this returns.
 pub fn umount(mountpoint: &Path) -> Result<(), String> {
+    // Asked before the unmount: the serving process answers until it flushes.
+    let pid = crate::control::ask(&socket_file(mountpoint), "pid").ok().and_then(|r| r.trim().parse::<i32>().ok());
     let c = CString::new(mountpoint.as_os_str().as_bytes()).map_err(|_| "mount point contains NUL".to_string())?;
     // SAFETY: plain syscall with a valid C string.
-    if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
-        return Ok(());
-    }
-    let e = std::io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::EPERM) {
-        let st = std::process::Command::new("fusermount3").arg("-u").arg(mountpoint).status();
-        if st.is_ok_and(|s| s.success()) {
-            return Ok(());
+    if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
+        let e = std::io::Error::last_os_error();
+        let fallback = e.raw_os_error() == Some(libc::EPERM)
+            && std::process::Command::new("fusermount3").arg("-u").arg(mountpoint).status().is_ok_and(|s| s.success());
+        if !fallback {
+            return Err(format!("cannot unmount {}: {e}", mountpoint.display()));
         }
     }
-    Err(format!("cannot unmount {}: {e}", mountpoint.display()))
+    if let Some(pid) = pid {
+        let t = std::time::Instant::now();
+        while process_alive(pid) {
+            if t.elapsed() > std::time::Duration::from_secs(60) {
+                return Err(format!(
+                    "{} unmounted, but its serving process {pid} has not finished flushing after a minute",
+                    mountpoint.display()
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+    Ok(())
+}
+
+/// Whether process `pid` exists and has not exited (a zombie has).
+fn process_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // `pid (comm) S ...`: the state follows the last ')'.
+        Ok(s) => s.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => false,
+    }
 }
 
 /// Where serving processes keep their live counters and control sockets.
@@ -230,8 +340,9 @@ pub fn mountpoint_of(file: &Path) -> PathBuf {
 
 pub fn render_stats(fs: &pwfs::Fs) -> String {
     let state = match fs.poisoned() {
+        Some(why) if fs.is_down() => why.replace('\n', " "),
         Some(why) => format!("read-only after an error: {}", why.replace('\n', " ")),
-        None if fs.config().read_only => "read-only".to_string(),
+        None if fs.is_read_only() => "read-only".to_string(),
         None => "read-write".to_string(),
     };
     let interval = match fs.config().writeback_interval {

@@ -264,3 +264,237 @@ fn pwfs_sync_makes_unsynced_writes_survive_sigkill() {
     assert!(clean && !report.contains("note:"), "{report}");
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// `/sbin/mount.fuse.pwfs` pointing to the binary under test for as long as it lives;
+/// what was there before (a link to another build) is put back.
+struct Helper(Option<PathBuf>);
+
+const HELPER: &str = "/sbin/mount.fuse.pwfs";
+
+impl Helper {
+    fn install() -> Helper {
+        let before = std::fs::read_link(HELPER).ok();
+        assert!(before.is_some() || !Path::new(HELPER).exists(), "{HELPER} is not a link; not replacing it");
+        let (ok, out, err) = pwfs(&["install-helper", "/sbin"]);
+        assert!(ok, "install-helper: {out}{err}");
+        Helper(before)
+    }
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(HELPER);
+        if let Some(t) = &self.0 {
+            let _ = std::os::unix::fs::symlink(t, HELPER);
+        }
+    }
+}
+
+fn run(cmd: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new(cmd).args(args).output().unwrap();
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+/// The /proc/mounts line of the mount on top at `mp`: (source, type, options).
+fn mount_line(mp: &Path) -> Option<(String, String, String)> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    let mp = mp.to_str().unwrap();
+    mounts.lines().rev().find(|l| l.split_whitespace().nth(1) == Some(mp)).map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f[0].to_string(), f[2].to_string(), f[3].to_string())
+    })
+}
+
+/// Wait until no process holds the image (its serving process flushed and exited),
+/// then fsck it.
+fn fsck_when_free(img: &Path) -> (bool, String) {
+    let t = Instant::now();
+    loop {
+        let (clean, report) = fsck(img);
+        if !report.contains("in use") || t.elapsed() > Duration::from_secs(30) {
+            return (clean, report);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !cond() {
+        assert!(t.elapsed() < Duration::from_secs(10), "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn mount_8_fstab_remount_and_both_unmounts_leave_a_clean_image() {
+    let _serial = serial();
+    if !can_mount() {
+        return;
+    }
+    let d = dir("helper");
+    let (img, mp) = (d.join("i.img"), d.join("mnt"));
+    let (img_s, mp_s) = (img.to_str().unwrap(), mp.to_str().unwrap());
+    let _helper = Helper::install();
+    // A missing image and an unknown option are refused, nothing mounted.
+    let (ok, out) = run("mount", &["-t", "fuse.pwfs", img_s, mp_s]);
+    assert!(!ok && out.contains("no such image"), "{out}");
+    assert!(pwfs(&["mkfs", img_s, "--size", "64M"]).0);
+    let (ok, out) = run("mount", &["-t", "fuse.pwfs", img_s, mp_s, "-o", "cache=16M,bogus"]);
+    assert!(!ok && out.contains("unknown mount option \"bogus\""), "{out}");
+    assert!(!mounted(&mp));
+
+    // mount(8) runs the helper, which returns once the mount is up.
+    let (ok, out) = run("mount", &["-t", "fuse.pwfs", img_s, mp_s, "-o", "defaults,cache=16M,noatime,nofail,x-a=b"]);
+    assert!(ok, "{out}");
+    let (source, kind, opts) = mount_line(&mp).expect("mounted");
+    assert_eq!((source.as_str(), kind.as_str()), (img_s, "fuse.pwfs"));
+    let opts: Vec<&str> = opts.split(',').collect();
+    assert!(opts.contains(&"rw") && opts.contains(&"noatime"), "{opts:?}");
+    // mount(8)'s defaults: suid and dev (it never passes "suid", only "nosuid").
+    assert!(!opts.contains(&"nosuid") && !opts.contains(&"nodev"), "{opts:?}");
+    std::fs::write(mp.join("a"), b"before remount").unwrap();
+
+    // Read-only: the kernel refuses changes, the engine learns it and commits.
+    let (ok, out) = run("mount", &["-o", "remount,ro", mp_s]);
+    assert!(ok, "{out}");
+    assert!(mount_line(&mp).unwrap().2.starts_with("ro,"));
+    let e = std::fs::write(mp.join("b"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS));
+    assert_eq!(std::fs::read(mp.join("a")).unwrap(), b"before remount");
+    wait_for("pwfs stat to say read-only", || pwfs(&["stat", mp_s]).1.lines().next().unwrap().ends_with(" read-only"));
+    // And back.
+    let (ok, out) = run("mount", &["-o", "remount,rw", mp_s]);
+    assert!(ok, "{out}");
+    assert!(mount_line(&mp).unwrap().2.starts_with("rw,"));
+    std::fs::write(mp.join("b"), b"after remount").unwrap();
+    wait_for("pwfs stat to say read-write", || {
+        pwfs(&["stat", mp_s]).1.lines().next().unwrap().ends_with(" read-write")
+    });
+
+    // umount(8): the daemon flushes and exits; the image is clean.
+    let (ok, out) = run("umount", &[mp_s]);
+    assert!(ok, "{out}");
+    let (clean, report) = fsck_when_free(&img);
+    assert!(clean && !report.contains("note:"), "{report}");
+
+    // An fstab line, with fsname= and nodev; then `pwfs umount`, which returns only
+    // once the image is clean.
+    let fstab = d.join("fstab");
+    std::fs::write(&fstab, format!("{img_s} {mp_s} fuse.pwfs defaults,cache=16M,nodev,fsname=pw-test,_netdev 0 0\n"))
+        .unwrap();
+    let (ok, out) = run("mount", &["--fstab", fstab.to_str().unwrap(), mp_s]);
+    assert!(ok, "{out}");
+    let (source, kind, opts) = mount_line(&mp).expect("mounted from fstab");
+    assert_eq!((source.as_str(), kind.as_str()), ("pw-test", "fuse.pwfs"));
+    assert!(opts.contains("nodev") && !opts.contains("nosuid"), "{opts}");
+    assert_eq!(std::fs::read(mp.join("b")).unwrap(), b"after remount");
+    let (ok, out, err) = pwfs(&["umount", mp_s]);
+    assert!(ok, "{out}{err}");
+    assert!(!mounted(&mp));
+    let (clean, report) = fsck(&img);
+    assert!(clean && !report.contains("note:"), "right after pwfs umount: {report}");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn an_unmount_leaves_what_is_under_the_mount_point() {
+    let _serial = serial();
+    if !can_mount() {
+        return;
+    }
+    let d = dir("under");
+    let (img, mp) = (d.join("i.img"), d.join("mnt"));
+    let mp_s = mp.to_str().unwrap();
+    let (ok, out) = run("mount", &["-t", "tmpfs", "tmpfs", mp_s]);
+    assert!(ok, "{out}");
+    std::fs::write(mp.join("marker"), b"tmpfs").unwrap();
+    let (ok, out, err) = pwfs(&["mount", img.to_str().unwrap(), mp_s, "--size", "64M", "--cache", "16M", "--daemon"]);
+    assert!(ok, "{out}{err}");
+    assert_eq!(mount_line(&mp).unwrap().1, "fuse.pwfs");
+    std::fs::write(mp.join("f"), b"on pwfs").unwrap();
+    // umount(8) removes pwfs's mount; the daemon, exiting, must not remove the tmpfs.
+    let (ok, out) = run("umount", &[mp_s]);
+    assert!(ok, "{out}");
+    let (clean, report) = fsck_when_free(&img);
+    assert!(clean && !report.contains("note:"), "{report}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(mount_line(&mp).map(|l| l.1), Some("tmpfs".to_string()), "the tmpfs under the mount went too");
+    assert_eq!(std::fs::read(mp.join("marker")).unwrap(), b"tmpfs");
+    let (ok, out) = run("umount", &[mp_s]);
+    assert!(ok, "{out}");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// XFS_IOC_GOINGDOWN with `flags` on `path` (any file or directory of the mount).
+fn goingdown(path: &Path, flags: u32) -> std::io::Result<()> {
+    let f = std::fs::File::open(path)?;
+    use std::os::fd::AsRawFd;
+    // SAFETY: the ioctl reads a u32 at the pointer, which lives across the call.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), 0x8004_587d, &flags as *const u32) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[test]
+fn goingdown_drops_what_is_not_durable_and_the_next_mount_recovers() {
+    let _serial = serial();
+    if !can_mount() {
+        return;
+    }
+    let d = dir("down");
+    let (img, mp) = (d.join("i.img"), d.join("mnt"));
+    let mp_s = mp.to_str().unwrap();
+    let mut child = start(&img, &mp);
+    let t = Instant::now();
+    let a: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let mut f = std::fs::File::create(mp.join("a")).unwrap();
+    f.write_all(&a).unwrap();
+    f.sync_all().unwrap();
+    let mut b = std::fs::File::create(mp.join("b")).unwrap();
+    b.write_all(&[7; 100_000]).unwrap();
+    // An unknown flags value is refused and changes nothing.
+    assert_eq!(goingdown(&mp, 9).unwrap_err().raw_os_error(), Some(libc::EINVAL));
+    assert_eq!(std::fs::read(mp.join("a")).unwrap(), a);
+    // NOLOGFLUSH, on the directory.
+    goingdown(&mp, 2).unwrap();
+    let unsynced_within_commit_interval = t.elapsed() < Duration::from_secs(4);
+    let eio = |r: std::io::Result<()>, what: &str| {
+        assert_eq!(r.map_err(|e| e.raw_os_error()), Err(Some(libc::EIO)), "{what}");
+    };
+    eio(std::fs::read(mp.join("a")).map(drop), "read of a cached file");
+    eio(std::fs::metadata(mp.join("a")).map(drop), "stat");
+    eio(std::fs::read_dir(&mp).and_then(|mut r| r.next().transpose()).map(drop), "readdir");
+    eio(std::fs::write(mp.join("c"), b"x"), "create");
+    eio(b.write_all(b"more").and_then(|_| b.sync_all()), "write + fsync to an open file");
+    eio(std::fs::create_dir(mp.join("dir")), "mkdir");
+    let (ok, stat, err) = pwfs(&["stat", mp_s]);
+    assert!(ok && stat.lines().next().unwrap().contains("shut down"), "{stat}{err}");
+    drop((f, b));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success());
+    let (clean, report) = fsck(&img);
+    assert!(clean && report.contains("not marked as unmounted cleanly"), "{report}");
+    let mut child = start(&img, &mp);
+    assert_eq!(std::fs::read(mp.join("a")).unwrap(), a);
+    if unsynced_within_commit_interval {
+        assert!(!mp.join("b").exists(), "b was never synced");
+    }
+    // LOGFLUSH commits first: what was written is there after the next mount.
+    std::fs::write(mp.join("c"), b"committed by the shutdown").unwrap();
+    goingdown(&mp.join("a"), 1).unwrap();
+    eio(std::fs::read(mp.join("c")).map(drop), "read after LOGFLUSH");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success());
+    let mut child = start(&img, &mp);
+    assert_eq!(std::fs::read(mp.join("c")).unwrap(), b"committed by the shutdown");
+    assert!(Command::new(PWFS).args(["umount", mp_s]).status().unwrap().success());
+    assert!(child.wait().unwrap().success());
+    let (clean, report) = fsck(&img);
+    assert!(clean && !report.contains("note:"), "{report}");
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -13,6 +13,15 @@
 //! request; writes of one file run in parallel). Attributes and names are cached for
 //! [`TTL`]: every change goes through the kernel, which updates or drops its copy of
 //! what it changed. See docs/DECISIONS.md.
+//!
+//! As root the mount is made here with mount(2) (type `fuse.pwfs`, the source the
+//! image path or `fsname`, MS_* flags as asked) and served with `fuser::Session::from_fd`;
+//! the mount's id in /proc/self/mountinfo is recorded, so that an unmount only ever
+//! removes this mount, never what is under it or what replaced it. A remount
+//! read-only or back (`mount -o remount,ro`) is seen in mountinfo and passed on to the
+//! engine (`Fs::set_read_only`). The ioctl `XFS_IOC_GOINGDOWN` shuts the engine down
+//! (`Fs::go_down`) for crash tests. Without root it falls back to fuser's mount
+//! through `fusermount3`.
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
@@ -23,7 +32,10 @@ use pwfs::format::Timespec;
 use pwfs::{Fs, Metadata, SetAttr, TimeSet};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::os::unix::ffi::OsStringExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How long the kernel may cache attributes and names. Every change goes through the
@@ -59,7 +71,26 @@ pub struct MountOptions {
     /// Let other users than the mounting one in.
     pub allow_other: bool,
     pub kernel_cache: KernelCache,
+    /// The mount's source in /proc/mounts (mount(8)'s `fsname=`; the image path when
+    /// mounted by `pwfs mount`); "pwfs" when `None`.
+    pub fsname: Option<String>,
+    /// Honour set-user-ID bits and device files (off: `nosuid`, `nodev`, as every FUSE
+    /// mount gets by default; only root can turn them on).
+    pub suid: bool,
+    pub dev: bool,
+    /// More mount(2) flags: `MS_RDONLY`, `MS_NOEXEC`, `MS_NOATIME`, `MS_NODIRATIME`,
+    /// `MS_RELATIME`, `MS_STRICTATIME`, `MS_SYNCHRONOUS`, `MS_DIRSYNC`, `MS_LAZYTIME`.
+    /// `MS_RDONLY` also turns the engine read-only (`Fs::set_read_only`).
+    pub flags: libc::c_ulong,
 }
+
+/// The file system type in /proc/mounts: mount(8) runs `mount.fuse.pwfs` for it.
+pub const FS_TYPE: &str = "fuse.pwfs";
+
+/// `XFS_IOC_GOINGDOWN`: `_IOR('X', 125, __u32)`, the shutdown ioctl of xfstests'
+/// `godown` and crash-test suites. Its argument points to the flags (0 default, 1 flush
+/// the log, 2 do not).
+pub const XFS_IOC_GOINGDOWN: u32 = 0x8004_587d;
 /// Largest write the kernel sends in one request.
 const MAX_WRITE: u32 = 1 << 20;
 
@@ -71,6 +102,8 @@ struct PwFuse {
     /// number not reused before the kernel forgets it: FUSE node ids must stay unique
     /// until then.
     lookups: std::sync::Mutex<std::collections::HashMap<u64, u64>>,
+    /// Sends invalidations to the kernel (set once the session exists).
+    notifier: Arc<OnceLock<fuser::Notifier>>,
 }
 
 impl PwFuse {
@@ -92,6 +125,21 @@ impl PwFuse {
             return;
         }
         *n += 1;
+    }
+
+    /// After a shutdown: drop what the kernel caches (attributes, pages) of every inode
+    /// it knows, so that reads it would have served itself come here and fail with EIO.
+    /// On a thread of its own: an invalidation waits for the kernel's page locks, which
+    /// a request in progress may hold.
+    fn forget_kernel_caches(&self) {
+        let Some(n) = self.notifier.get().cloned() else { return };
+        let mut inos: Vec<u64> = self.lookups.lock().expect("lookup table").keys().copied().collect();
+        inos.push(pwfs::format::ROOT_INO);
+        std::thread::spawn(move || {
+            for ino in inos {
+                let _ = n.inval_inode(INodeNo(ino), 0, 0);
+            }
+        });
     }
 
     fn forget_n(&self, ino: u64, n: u64) {
@@ -239,7 +287,11 @@ impl Filesystem for PwFuse {
         for (ino, _) in held {
             self.fs.release_ino(ino);
         }
-        // Unmount: everything durable, the journal empty.
+        // Unmount: everything durable, the journal empty (a file system shut down
+        // writes nothing more).
+        if self.fs.is_down() {
+            return;
+        }
         if let Err(e) = self.fs.sync() {
             eprintln!("pwfs: sync at unmount failed: {e}");
         }
@@ -572,6 +624,9 @@ impl Filesystem for PwFuse {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        if self.fs.is_down() {
+            return reply.error(Errno::EIO);
+        }
         let s = self.fs.statfs();
         reply.statfs(
             s.blocks,
@@ -583,6 +638,48 @@ impl Filesystem for PwFuse {
             s.name_max,
             s.block_size,
         );
+    }
+
+    /// Only `XFS_IOC_GOINGDOWN` (on any file or directory of the mount; root only, as
+    /// XFS wants CAP_SYS_ADMIN). The kernel passes a FUSE server "restricted" ioctls
+    /// only: it copies arguments by the size and direction encoded in the command, and
+    /// this one is `_IOR` although XFS reads the flags *from* the caller, so the flags
+    /// never arrive in the request. They are read from the caller's memory instead: the
+    /// caller sits in ioctl(2) until this returns, so /proc/TID/syscall names the
+    /// argument's address, and process_vm_readv reads it.
+    fn ioctl(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        if cmd != XFS_IOC_GOINGDOWN {
+            return reply.error(Errno::from_i32(libc::ENOTTY));
+        }
+        if req.uid() != 0 {
+            return reply.error(Errno::EPERM);
+        }
+        let flags = match caller_ioctl_arg(req.pid(), cmd) {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("pwfs: XFS_IOC_GOINGDOWN from pid {}: cannot read its flags: {e}", req.pid());
+                return reply.error(Errno::EINVAL);
+            }
+        };
+        let Some(mode) = pwfs::GoingDown::from_flags(flags) else { return reply.error(Errno::EINVAL) };
+        if let Err(e) = self.fs.go_down(mode) {
+            // Down all the same; the flush before it failed.
+            eprintln!("pwfs: flush before the shutdown failed: {e}");
+        }
+        eprintln!("pwfs: shut down by XFS_IOC_GOINGDOWN ({mode:?}); every operation fails with EIO now");
+        // Nothing copied back: the caller's flags stay as they were.
+        reply.ioctl(0, &[]);
+        self.forget_kernel_caches();
     }
 
     fn create(
@@ -615,8 +712,35 @@ impl Filesystem for PwFuse {
     }
 }
 
-/// Mount options: `default_permissions` (the kernel checks permissions), and
-/// `allow_other` only when asked for.
+/// The flags argument of the ioctl thread `tid` is blocked in: its third syscall
+/// argument (from /proc/TID/syscall) is the address of a `u32` in its memory.
+fn caller_ioctl_arg(tid: u32, cmd: u32) -> std::io::Result<u32> {
+    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+    let line = std::fs::read_to_string(format!("/proc/{tid}/syscall"))?;
+    let mut words = line.split_whitespace();
+    let nr: i64 = words.next().and_then(|w| w.parse().ok()).ok_or_else(|| bad("not in a system call"))?;
+    if nr != libc::SYS_ioctl {
+        return Err(bad("not in ioctl(2)"));
+    }
+    let args: Vec<u64> =
+        words.take(3).filter_map(|w| u64::from_str_radix(w.trim_start_matches("0x"), 16).ok()).collect();
+    if args.len() != 3 || args[1] as u32 != cmd {
+        return Err(bad("in another ioctl"));
+    }
+    let mut value = 0u32;
+    let local = libc::iovec { iov_base: (&mut value as *mut u32).cast(), iov_len: 4 };
+    let remote = libc::iovec { iov_base: args[2] as *mut libc::c_void, iov_len: 4 };
+    // SAFETY: reads 4 bytes of another process into `value`, which is 4 bytes.
+    let n = unsafe { libc::process_vm_readv(tid as libc::pid_t, &local, 1, &remote, 1, 0) };
+    match n {
+        4 => Ok(value),
+        -1 => Err(std::io::Error::last_os_error()),
+        _ => Err(bad("short read of the argument")),
+    }
+}
+
+/// fuser's configuration: `allow_other` only when asked for; one serving thread per
+/// CPU (at least two), each with its own /dev/fuse fd.
 pub fn options(allow_other: bool, threads: usize) -> fuser::Config {
     let mut config = fuser::Config::default();
     config.mount_options =
@@ -632,34 +756,77 @@ pub fn options(allow_other: bool, threads: usize) -> fuser::Config {
 /// A file system being served in the background.
 pub struct Mounted {
     session: fuser::BackgroundSession,
-    mountpoint: std::path::PathBuf,
+    unmounter: Unmounter,
+    /// Stops the remount watcher.
+    watching: Arc<AtomicBool>,
 }
 
-impl Mounted {
-    /// Unmount and wait for the serving threads (the engine syncs at unmount). The
+/// Unmounts one mount: the one this process made, and only while it is still what is
+/// mounted at its mount point.
+#[derive(Clone, Debug)]
+pub struct Unmounter {
+    mountpoint: PathBuf,
+    /// The mount's id in /proc/self/mountinfo (`None` when fusermount3 mounted it).
+    id: Option<u64>,
+}
+
+impl Unmounter {
+    /// Whether the mount on top at the mount point is this one (with fusermount3:
+    /// whether anything is mounted there).
+    pub fn is_mounted(&self) -> bool {
+        match self.id {
+            Some(id) => top_mount(&self.mountpoint).is_some_and(|m| m.id == id),
+            None => true,
+        }
+    }
+
+    /// Unmount if the mount on top at the mount point is still this one; `Ok(false)`
+    /// when it is not (someone unmounted it, and what is there now is not ours). The
     /// kernel finishes releasing files asynchronously after their last close, so a
     /// busy mount point is retried for a while before giving up.
-    pub fn unmount(self) -> std::io::Result<()> {
+    pub fn unmount(&self) -> std::io::Result<bool> {
         let c = std::ffi::CString::new(self.mountpoint.as_os_str().as_bytes())?;
         let mut tries = 0;
         loop {
+            if !self.is_mounted() {
+                return Ok(false);
+            }
             // SAFETY: plain syscall with a valid C string.
             if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
-                break;
+                return Ok(true);
             }
             let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EPERM) && self.id.is_none() {
+                let st = std::process::Command::new("fusermount3").arg("-u").arg(&self.mountpoint).status()?;
+                return Ok(st.success());
+            }
             if e.raw_os_error() != Some(libc::EBUSY) || tries == 50 {
                 return Err(e);
             }
             tries += 1;
             std::thread::sleep(Duration::from_millis(20));
         }
-        self.session.join()
+    }
+}
+
+impl Mounted {
+    /// Unmount (if the mount is still ours) and wait for the serving threads (the
+    /// engine syncs at unmount).
+    pub fn unmount(self) -> std::io::Result<()> {
+        self.unmounter.unmount()?;
+        self.join()
     }
 
     /// Wait until someone else unmounts the file system.
     pub fn join(self) -> std::io::Result<()> {
-        self.session.join()
+        let r = self.session.join();
+        self.watching.store(false, Ordering::Release);
+        r
+    }
+
+    /// What unmounts this mount from another thread.
+    pub fn unmounter(&self) -> Unmounter {
+        self.unmounter.clone()
     }
 }
 
@@ -680,15 +847,181 @@ pub fn mount_with(fs: Fs, mountpoint: &Path, o: &MountOptions) -> std::io::Resul
     // One serving thread per CPU (at least two): measured on 2 CPUs, untar of
     // /usr/include took 7.8 s with 1 thread, 2.4 s with 2 and 3.3 s with 4.
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).max(2);
-    let session = fuser::spawn_mount(
-        PwFuse { fs, cache: o.kernel_cache, lookups: Default::default() },
-        mountpoint,
-        &options(o.allow_other, threads),
-    )?;
-    if o.kernel_cache != KernelCache::Off {
-        raise_readahead(mountpoint);
+    let config = options(o.allow_other, threads);
+    let read_only = o.flags & libc::MS_RDONLY != 0;
+    if read_only {
+        fs.set_read_only(true).map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
     }
-    Ok(Mounted { session, mountpoint: mountpoint.to_path_buf() })
+    let notifier = Arc::new(OnceLock::new());
+    let pw = PwFuse { fs: fs.clone(), cache: o.kernel_cache, lookups: Default::default(), notifier: notifier.clone() };
+    let mountpoint = mountpoint.canonicalize()?;
+    let (session, id, dev) = match mount_sys(&mountpoint, o)? {
+        Some((fd, m)) => {
+            let session = fuser::Session::from_fd(pw, fd, config.acl, config).and_then(|s| {
+                let _ = notifier.set(s.notifier());
+                s.spawn()
+            });
+            match session {
+                Ok(s) => (s, Some(m.id), Some(m.dev)),
+                Err(e) => {
+                    detach(&mountpoint);
+                    return Err(e);
+                }
+            }
+        }
+        // Not allowed to mount: fusermount3 does it (and shows type `fuse.pwfs` itself).
+        None => (fuser::spawn_mount(pw, &mountpoint, &config)?, None, None),
+    };
+    if o.kernel_cache != KernelCache::Off {
+        raise_readahead(&mountpoint, dev);
+    }
+    let watching = Arc::new(AtomicBool::new(true));
+    if let Some(id) = id {
+        let (fs, watching) = (fs.clone(), watching.clone());
+        std::thread::Builder::new()
+            .name("pwfs-remounts".into())
+            .spawn(move || watch_remounts(fs, id, read_only, &watching))?;
+    }
+    Ok(Mounted { session, unmounter: Unmounter { mountpoint, id }, watching })
+}
+
+/// A line of /proc/self/mountinfo.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountInfo {
+    pub id: u64,
+    /// The file system's device number (st_dev of its files).
+    pub dev: u64,
+    pub mountpoint: PathBuf,
+    /// The per-mount options (`rw,nosuid,nodev,relatime`).
+    pub options: String,
+    pub fs_type: String,
+    pub source: String,
+    /// The superblock is read-only (the super options say `ro`).
+    pub read_only: bool,
+}
+
+/// Every mount of this process's namespace, bottom to top.
+pub fn mountinfo() -> std::io::Result<Vec<MountInfo>> {
+    Ok(std::fs::read_to_string("/proc/self/mountinfo")?.lines().filter_map(parse_mountinfo).collect())
+}
+
+/// `36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue`
+fn parse_mountinfo(line: &str) -> Option<MountInfo> {
+    let (left, right) = line.split_once(" - ")?;
+    let l: Vec<&str> = left.split(' ').collect();
+    let r: Vec<&str> = right.split(' ').collect();
+    let (major, minor) = l.get(2)?.split_once(':')?;
+    Some(MountInfo {
+        id: l.first()?.parse().ok()?,
+        dev: libc::makedev(major.parse().ok()?, minor.parse().ok()?),
+        mountpoint: PathBuf::from(std::ffi::OsString::from_vec(unescape(l.get(4)?))),
+        options: l.get(5)?.to_string(),
+        fs_type: String::from_utf8_lossy(&unescape(r.first()?)).into_owned(),
+        source: String::from_utf8_lossy(&unescape(r.get(1)?)).into_owned(),
+        read_only: r.get(2)?.split(',').any(|o| o == "ro"),
+    })
+}
+
+/// mountinfo writes space, tab, newline and backslash as `\ooo`.
+fn unescape(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// What is mounted on top at `mountpoint` (the last of its lines in mountinfo).
+pub fn top_mount(mountpoint: &Path) -> Option<MountInfo> {
+    mountinfo().ok()?.into_iter().rev().find(|m| m.mountpoint == mountpoint)
+}
+
+/// Mount /dev/fuse at `mountpoint` (canonical) with mount(2); `None` when not allowed
+/// (not root). Returns the /dev/fuse fd to serve and our mount's mountinfo line.
+fn mount_sys(mountpoint: &Path, o: &MountOptions) -> std::io::Result<Option<(std::os::fd::OwnedFd, MountInfo)>> {
+    use std::os::fd::{AsRawFd, OwnedFd};
+    use std::os::unix::fs::MetadataExt;
+    let root_mode = std::fs::metadata(mountpoint)?.mode() & libc::S_IFMT;
+    let fuse: OwnedFd = std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse")?.into();
+    // SAFETY: plain syscalls.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let mut data =
+        format!("fd={},rootmode={root_mode:o},user_id={uid},group_id={gid},default_permissions", fuse.as_raw_fd());
+    if o.allow_other {
+        data += ",allow_other";
+    }
+    let mut flags = o.flags;
+    if !o.suid {
+        flags |= libc::MS_NOSUID;
+    }
+    if !o.dev {
+        flags |= libc::MS_NODEV;
+    }
+    let cstr = |s: &[u8]| {
+        std::ffi::CString::new(s).map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in a name"))
+    };
+    let source = cstr(o.fsname.as_deref().unwrap_or("pwfs").as_bytes())?;
+    let target = cstr(mountpoint.as_os_str().as_bytes())?;
+    let (fstype, data) = (cstr(FS_TYPE.as_bytes())?, cstr(data.as_bytes())?);
+    // SAFETY: valid C strings; the data is the fuse option string.
+    let r = unsafe { libc::mount(source.as_ptr(), target.as_ptr(), fstype.as_ptr(), flags, data.as_ptr().cast()) };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EPERM) {
+            return Ok(None);
+        }
+        return Err(std::io::Error::new(e.kind(), format!("mount(2) of {FS_TYPE} at {}: {e}", mountpoint.display())));
+    }
+    match top_mount(mountpoint).filter(|m| m.fs_type == FS_TYPE) {
+        Some(m) => Ok(Some((fuse, m))),
+        None => {
+            detach(mountpoint);
+            Err(std::io::Error::other(format!(
+                "{}: the new mount is not in /proc/self/mountinfo",
+                mountpoint.display()
+            )))
+        }
+    }
+}
+
+/// Lazily detach a mount that will not be served.
+fn detach(mountpoint: &Path) {
+    if let Ok(c) = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()) {
+        // SAFETY: plain syscall with a valid C string.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// Pass remounts on to the engine: `mount -o remount,ro` makes the superblock read-only
+/// in the kernel (which then refuses every change with EROFS; a FUSE server is not told),
+/// and this sees it in mountinfo — woken by the mount table's change events, or once a
+/// second — and commits, checkpoints and marks the image clean (`Fs::set_read_only`);
+/// `remount,rw` turns the engine writable again. Ends when the mount is gone.
+fn watch_remounts(fs: Fs, id: u64, mut read_only: bool, watching: &AtomicBool) {
+    use std::os::fd::AsRawFd;
+    let Ok(table) = std::fs::File::open("/proc/self/mountinfo") else { return };
+    while watching.load(Ordering::Acquire) {
+        let mut p = libc::pollfd { fd: table.as_raw_fd(), events: libc::POLLPRI, revents: 0 };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, 1000) };
+        let Ok(all) = mountinfo() else { return };
+        let Some(m) = all.into_iter().find(|m| m.id == id) else { return };
+        if m.read_only != read_only {
+            read_only = m.read_only;
+            match fs.set_read_only(read_only) {
+                Ok(()) => eprintln!("pwfs: remounted {}", if read_only { "read-only" } else { "read-write" }),
+                Err(e) => eprintln!("pwfs: remount: {e}"),
+            }
+        }
+    }
 }
 
 /// Kernel readahead of the mount, in KiB: a cold sequential read through the kernel's
@@ -698,13 +1031,36 @@ const READAHEAD_KB: u32 = 1024;
 
 /// Raise the kernel's readahead for the new mount (its backing device info in sysfs;
 /// the kernel caps FUSE's at 128 KiB when it mounts). Best effort: without it reads are
-/// only slower.
-fn raise_readahead(mountpoint: &Path) {
+/// only slower. `dev`: the mount's device number when known (else it is stat'ed).
+fn raise_readahead(mountpoint: &Path, dev: Option<u64>) {
     use std::os::unix::fs::MetadataExt;
-    let Ok(md) = std::fs::metadata(mountpoint) else { return };
-    let dev = md.dev();
+    let dev = match dev {
+        Some(d) => d,
+        None => match std::fs::metadata(mountpoint) {
+            Ok(md) => md.dev(),
+            Err(_) => return,
+        },
+    };
     let path = format!("/sys/class/bdi/{}:{}/read_ahead_kb", libc::major(dev), libc::minor(dev));
     if let Err(e) = std::fs::write(&path, READAHEAD_KB.to_string()) {
         eprintln!("pwfs: cannot raise readahead ({path}): {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_lines_and_escapes() {
+        let l = r"612 30 0:77 / /tmp/a\040b\134c rw,nosuid,nodev,relatime shared:1 - fuse.pwfs /img\040x ro,user_id=0";
+        let m = parse_mountinfo(l).unwrap();
+        assert_eq!(m.id, 612);
+        assert_eq!(m.dev, libc::makedev(0, 77));
+        assert_eq!(m.mountpoint, Path::new("/tmp/a b\\c"));
+        assert_eq!(m.options, "rw,nosuid,nodev,relatime");
+        assert_eq!((m.fs_type.as_str(), m.source.as_str(), m.read_only), ("fuse.pwfs", "/img x", true));
+        assert!(parse_mountinfo("garbage").is_none());
+        assert_eq!(unescape(r"a\04"), b"a\\04");
     }
 }

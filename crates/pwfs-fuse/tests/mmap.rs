@@ -197,7 +197,7 @@ fn stress(policy: FetchPolicy, cache: KernelCache) -> Result<(), String> {
     let dev = Arc::new(MemDevice::new(64 << 20));
     pwfs::mkfs(&*dev, &MkfsOptions::default()).unwrap();
     let fs = Fs::mount(dev.clone(), config()).unwrap();
-    let options = pwfs_fuse::MountOptions { allow_other: false, kernel_cache: cache };
+    let options = pwfs_fuse::MountOptions { allow_other: false, kernel_cache: cache, ..Default::default() };
     let (dir, mounted) = mount_in(&fs, &format!("mmap-{cache:?}-{policy:?}"), &options);
     let path = dir.join("f");
     let mut want: Vec<u8> = (0..LEN).map(pattern).collect();
@@ -355,7 +355,7 @@ fn shared_mappings_are_refused_with_the_kernel_cache_off() {
     let dev = Arc::new(MemDevice::new(64 << 20));
     pwfs::mkfs(&*dev, &MkfsOptions::default()).unwrap();
     let fs = Fs::mount(dev.clone(), Config { cache_bytes: 8 << 20, ..Default::default() }).unwrap();
-    let options = pwfs_fuse::MountOptions { allow_other: false, kernel_cache: KernelCache::Off };
+    let options = pwfs_fuse::MountOptions { allow_other: false, kernel_cache: KernelCache::Off, ..Default::default() };
     let (dir, mounted) = mount_in(&fs, "mmap-off", &options);
     let path = dir.join("f");
     let want: Vec<u8> = (0..LEN).map(pattern).collect();

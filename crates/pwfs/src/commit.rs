@@ -162,7 +162,7 @@ impl FsInner {
     }
 
     pub fn commit(&self) -> Result<()> {
-        self.check_writable()?;
+        self.check_alive()?;
         let _c = self.commit_lock.lock();
         self.commit_locked()
     }
@@ -175,7 +175,7 @@ impl FsInner {
         // caller here (an inode trimmed a piece per transaction, say, while writers keep
         // the transaction from ever being empty).
         for _ in 0..64 {
-            self.check_writable()?;
+            self.check_alive()?;
             let more = self.free_unlinked().map_err(|e| self.poison(e))?;
             self.commit_once()?;
             if !more {
@@ -201,11 +201,11 @@ impl FsInner {
 
     /// `commit`, unless a commit that began after this call finished while it waited.
     pub fn commit_shared(&self) -> Result<()> {
-        self.check_writable()?;
+        self.check_alive()?;
         let ticket = self.commit_ticket();
         let _c = self.commit_lock.lock();
         if self.covered(ticket) {
-            return self.check_writable();
+            return self.check_alive();
         }
         self.commit_locked()
     }

@@ -78,7 +78,7 @@ impl FsInner {
     /// Write dirty data home without committing: frees the cache for more writes.
     /// Ordered mode holds, since the data goes out before any commit that maps it.
     pub fn writeback(&self) -> Result<()> {
-        self.check_writable()?;
+        self.check_alive()?;
         let _c = self.commit_lock.lock();
         self.writeback_locked().map(|_| ())
     }

@@ -76,6 +76,7 @@
 //! All engines pass the one conformance suite in `tests.rs`.
 
 mod buf;
+pub mod gate;
 pub mod medium;
 pub mod mem;
 pub mod psync;

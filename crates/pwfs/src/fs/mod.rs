@@ -12,6 +12,12 @@
 //! block, flush. Blocks freed by the transaction become reusable only after that.
 //! Any failed device write or flush poisons the file system: it turns read-only and
 //! every later change fails with EROFS, so a lost write is never reported as success.
+//!
+//! Two switches a front end turns at run time: [`Fs::set_read_only`] (a remount
+//! read-only: everything is committed and the image marked clean, then changes fail
+//! with EROFS until it is turned back) and [`Fs::go_down`] (a shutdown for crash tests,
+//! XFS_IOC_GOINGDOWN: the device is cut off as by a power cut, and everything fails
+//! with EIO from then on; the next mount recovers from the journal).
 
 pub mod api;
 pub(crate) mod inode;
@@ -67,7 +73,15 @@ impl Drop for Fs {
 }
 
 pub(crate) struct FsInner {
+    /// The device, behind `gate`.
     pub(crate) dev: Arc<dyn Device>,
+    /// Closed by `go_down`: from then on no op reaches the medium.
+    pub(crate) gate: Arc<crate::device::gate::Gate>,
+    /// Shut down (`go_down`): every operation fails with EIO, unmount writes nothing.
+    pub(crate) down: std::sync::atomic::AtomicBool,
+    /// Remounted read-only (`set_read_only`): changes fail with EROFS; commits of what
+    /// was written before still run.
+    pub(crate) remounted_ro: std::sync::atomic::AtomicBool,
     pub(crate) sb: Superblock,
     pub(crate) config: Config,
     pub(crate) meta: crate::lock::SpinMutex<Meta>,
@@ -173,6 +187,8 @@ impl Fs {
 
     pub fn mount_report(dev: Arc<dyn Device>, config: Config) -> Result<(Fs, MountReport)> {
         config.validate()?;
+        let gate = Arc::new(crate::device::gate::Gate::new(dev));
+        let dev: Arc<dyn Device> = gate.clone();
         let (sb, used_backup) = read_superblock(&*dev)?;
         if mount::needs_check(&sb, &config) {
             // Before anything is written: a damaged image is refused unchanged.
@@ -203,6 +219,9 @@ impl Fs {
             journal: Mutex::new(journal),
             cache: PageCache::new((config.cache_bytes / BLOCK) as usize),
             dev,
+            gate,
+            down: Default::default(),
+            remounted_ro: Default::default(),
             sb,
             meta: crate::lock::SpinMutex::new(meta),
             inodes,
@@ -291,9 +310,68 @@ impl Fs {
         &self.inner.dev
     }
 
-    /// Why the file system turned read-only, if it did.
+    /// Why the file system turned read-only (or was shut down), if it did.
     pub fn poisoned(&self) -> Option<String> {
         self.inner.poisoned.lock().clone()
+    }
+
+    /// Whether `go_down` shut the file system down.
+    pub fn is_down(&self) -> bool {
+        self.inner.down.load(Ordering::Acquire)
+    }
+
+    /// Whether changes are refused: mounted read-only, remounted read-only
+    /// (`set_read_only`), or turned read-only by an error.
+    pub fn is_read_only(&self) -> bool {
+        self.inner.check_writable().is_err()
+    }
+
+    /// A remount: `true` commits everything, empties the journal and marks the image
+    /// clean (as an unmount does), then refuses every change with EROFS; `false` takes
+    /// changes again (the clean mark is cleared before the next one reaches the
+    /// medium). Data written before the switch is committed, not lost.
+    pub fn set_read_only(&self, read_only: bool) -> Result<()> {
+        let inner = &self.inner;
+        if !read_only {
+            inner.remounted_ro.store(false, Ordering::Release);
+            return inner.check_writable();
+        }
+        if inner.config.read_only {
+            return Ok(());
+        }
+        inner.remounted_ro.store(true, Ordering::Release);
+        inner.settle()
+    }
+
+    /// Shut the file system down at once, as a power cut would (XFS_IOC_GOINGDOWN):
+    /// [`GoingDown::NoLogFlush`] drops everything not yet durable; `Default` and
+    /// `LogFlush` commit first (data, then the journal), as XFS flushes its log first.
+    /// Then the device is cut off: no later op reaches the medium, every operation
+    /// fails with EIO, and unmount writes nothing (the image is not marked clean; the
+    /// next mount checks it and replays the journal). Shutting down twice is harmless.
+    pub fn go_down(&self, mode: GoingDown) -> Result<()> {
+        let inner = &self.inner;
+        let flushed = match mode {
+            GoingDown::NoLogFlush => None,
+            GoingDown::Default | GoingDown::LogFlush => Some(inner.commit()),
+        };
+        inner.gate.close();
+        inner.down.store(true, Ordering::Release);
+        let why = format!("shut down ({mode:?}) on request");
+        {
+            let mut p = inner.poisoned.lock();
+            if p.is_none() {
+                *p = Some(why.clone());
+                inner.is_poisoned.store(true, Ordering::Release);
+            }
+        }
+        tracing::warn!(device = inner.dev.name(), "{why}");
+        // Wake writers waiting on the write-back thread: they fail now.
+        inner.throttle.1.notify_all();
+        match flushed {
+            Some(Err(e)) => Err(e),
+            _ => Ok(()),
+        }
     }
 
     /// Commit everything (sync(2)).
@@ -339,6 +417,30 @@ impl Fs {
     }
 }
 
+/// How `Fs::go_down` shuts down: the flags of XFS_IOC_GOINGDOWN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GoingDown {
+    /// XFS_FSOP_GOING_FLAGS_DEFAULT (0): XFS freezes (syncs) first; pwfs commits first.
+    Default,
+    /// XFS_FSOP_GOING_FLAGS_LOGFLUSH (1): the log flushed first; pwfs commits first
+    /// (ordered mode: data is written back before the journal commit).
+    LogFlush,
+    /// XFS_FSOP_GOING_FLAGS_NOLOGFLUSH (2): nothing more is written, as a power cut.
+    NoLogFlush,
+}
+
+impl GoingDown {
+    /// From the ioctl's flags value (`None` for an unknown value: EINVAL).
+    pub fn from_flags(flags: u32) -> Option<GoingDown> {
+        match flags {
+            0 => Some(GoingDown::Default),
+            1 => Some(GoingDown::LogFlush),
+            2 => Some(GoingDown::NoLogFlush),
+            _ => None,
+        }
+    }
+}
+
 impl std::fmt::Debug for Fs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Fs({} blocks on {})", self.inner.sb.total_blocks, self.inner.dev.name())
@@ -360,14 +462,38 @@ impl FsInner {
         }
     }
 
+    /// Whether a change may be made: not mounted or remounted read-only, not poisoned,
+    /// not shut down.
     pub fn check_writable(&self) -> Result<()> {
+        self.check_alive()?;
+        if self.remounted_ro.load(Ordering::Acquire) {
+            return Err(Error::read_only("remounted read-only"));
+        }
+        Ok(())
+    }
+
+    /// Whether what was changed before may still be written back and committed (a
+    /// remount read-only still commits it): not mounted read-only, not poisoned, not
+    /// shut down (EIO then).
+    pub fn check_alive(&self) -> Result<()> {
         if self.config.read_only {
             return Err(Error::read_only("mounted read-only"));
         }
         if self.is_poisoned.load(Ordering::Acquire) {
             if let Some(why) = &*self.poisoned.lock() {
+                if self.down.load(Ordering::Acquire) {
+                    return Err(Error::io(format!("file system {why}")));
+                }
                 return Err(Error::read_only(format!("file system is read-only after an I/O error: {why}")));
             }
+        }
+        Ok(())
+    }
+
+    /// EIO once the file system was shut down (`go_down`); for operations that only read.
+    pub fn check_up(&self) -> Result<()> {
+        if self.down.load(Ordering::Acquire) {
+            return self.check_alive();
         }
         Ok(())
     }
@@ -410,9 +536,19 @@ impl FsInner {
                 tracing::warn!("fetch for non-blocking writes failed at unmount: {e}");
             }
         }
-        if self.config.read_only || self.poisoned.lock().is_some() {
-            return self.check_writable().or_else(|e| if self.config.read_only { Ok(()) } else { Err(e) });
+        if self.down.load(Ordering::Acquire) {
+            // Shut down on purpose: the image stays as a power cut left it.
+            return Ok(());
         }
+        if self.config.read_only || self.poisoned.lock().is_some() {
+            return self.check_alive().or_else(|e| if self.config.read_only { Ok(()) } else { Err(e) });
+        }
+        self.settle()
+    }
+
+    /// Commit everything, empty the journal, and mark the image clean unless an inode
+    /// is unlinked but still open (unmount, remount read-only).
+    fn settle(&self) -> Result<()> {
         self.commit()?;
         let _c = self.commit_lock.lock();
         let r = self.journal.lock().checkpoint(&*self.dev);

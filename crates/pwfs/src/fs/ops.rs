@@ -74,6 +74,7 @@ impl Fs {
 
     /// Attributes, from the inode alone (no metadata lock once it is in memory).
     pub fn getattr(&self, ino: u64) -> Result<Metadata> {
+        self.inner.check_up()?;
         let cell = self.inner.cell(ino)?;
         let node = cell.lock();
         if node.freed {
@@ -83,6 +84,7 @@ impl Fs {
     }
 
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Metadata> {
+        self.inner.check_up()?;
         if let Some(ino) = self.lookup_cached(parent, name)? {
             return self.getattr(ino);
         }
@@ -238,6 +240,7 @@ impl Fs {
     }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        self.inner.check_up()?;
         let mut m = self.meta();
         let node = m.inode(ino)?;
         if node.kind() != f::S_IFLNK {
@@ -572,6 +575,7 @@ impl Fs {
     /// Directory entries from `offset` on ("." is 0, ".." is 1). Each entry carries
     /// the offset of the next one, stable while entries come and go.
     pub fn readdir(&self, ino: u64, offset: u64, max: usize) -> Result<Vec<DirEntry>> {
+        self.inner.check_up()?;
         let mut m = self.meta();
         let parent = m.dir_parent(ino)?;
         let mut out = Vec::new();
@@ -675,6 +679,7 @@ impl Fs {
     }
 
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        self.inner.check_up()?;
         Self::check_xattr_name(name)?;
         let mut m = self.meta();
         let entries = m.xattrs(ino)?;
@@ -683,6 +688,7 @@ impl Fs {
     }
 
     pub fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
+        self.inner.check_up()?;
         Ok(self.meta().xattrs(ino)?.into_iter().map(|(n, _)| n).collect())
     }
 
@@ -740,6 +746,7 @@ impl Fs {
     /// Note an open handle (an unlinked inode lives until the last one is released).
     /// No metadata lock: the count lives with the inode.
     pub fn open_ino(&self, ino: u64) -> Result<Metadata> {
+        self.inner.check_up()?;
         self.open_cell(ino).map(|(md, _)| md)
     }
 
@@ -793,6 +800,7 @@ impl Fs {
 
     /// Read up to `buf.len()` bytes at `offset`; returns the count (0 at EOF).
     pub fn read(&self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        self.inner.check_up()?;
         let cell = self.inner.cell(ino)?;
         self.read_cell(&cell, &cell.ra, offset, buf)
     }
@@ -1260,6 +1268,7 @@ impl Fs {
     /// that is already known. It does not wait for fetches still in flight (close
     /// never waits for I/O); a loss found later is kept for the next fsync or close.
     pub fn flush(&self, ino: u64) -> Result<()> {
+        self.inner.check_up()?;
         self.take_fetch_error(ino)
     }
 
@@ -1277,11 +1286,11 @@ impl Fs {
         if !datasync {
             return self.inner.commit_shared();
         }
-        self.inner.check_writable()?;
+        self.inner.check_alive()?;
         let ticket = self.inner.commit_ticket();
         let _c = self.inner.commit_lock.lock();
         if self.inner.covered(ticket) {
-            return self.inner.check_writable();
+            return self.inner.check_alive();
         }
         self.inner.writeback_locked()?;
         if self.inner.cell(ino)?.lock().data_meta_dirty {
