@@ -91,6 +91,31 @@ pub const FS_TYPE: &str = "fuse.pwfs";
 /// `godown` and crash-test suites. Its argument points to the flags (0 default, 1 flush
 /// the log, 2 do not).
 pub const XFS_IOC_GOINGDOWN: u32 = 0x8004_587d;
+
+/// chattr/lsattr's ioctls (`_IOR('f', 1, long)` and friends; the kernel passes their
+/// argument as a 4-byte int) and xfs_io's FS_IOC_FSGETXATTR/FSSETXATTR (`struct fsxattr`,
+/// 28 bytes, of which Patchwork keeps the flags word).
+const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
+const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
+const FS_IOC32_GETFLAGS: u32 = 0x8004_6601;
+const FS_IOC32_SETFLAGS: u32 = 0x4004_6602;
+const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
+const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
+/// FS_XFLAG_IMMUTABLE, FS_XFLAG_APPEND, FS_XFLAG_NOATIME and their FS_*_FL.
+const XFLAGS: [(u32, u32); 3] =
+    [(0x8, pwfs::fs::FS_IMMUTABLE_FL), (0x10, pwfs::fs::FS_APPEND_FL), (0x40, pwfs::fs::FS_NOATIME_FL)];
+
+fn xflags_of(flags: u32) -> u32 {
+    XFLAGS.iter().filter(|(_, f)| flags & f != 0).map(|(x, _)| x).sum()
+}
+
+fn flags_of_xflags(x: u32) -> pwfs::Result<u32> {
+    let known: u32 = XFLAGS.iter().map(|(x, _)| x).sum();
+    if x & !known != 0 {
+        return Err(pwfs::Error::new(pwfs::ErrorKind::NotSupported, "xflags Patchwork does not keep"));
+    }
+    Ok(XFLAGS.iter().filter(|(xf, _)| x & xf != 0).map(|(_, f)| f).sum())
+}
 /// Largest write the kernel sends in one request.
 const MAX_WRITE: u32 = 1 << 20;
 
@@ -418,6 +443,18 @@ impl Filesystem for PwFuse {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         // O_TRUNC never arrives here: without FUSE_ATOMIC_O_TRUNC the kernel checks write
         // access (ETXTBSY) first and then truncates with a setattr.
+        // may_open's rule for chattr flags, which the kernel does not know here: no
+        // write access to an immutable file, and to an append-only one only with O_APPEND.
+        if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
+            match self.fs.get_flags(ino.0) {
+                Ok(f) if f & pwfs::fs::FS_IMMUTABLE_FL != 0 => return reply.error(Errno::EPERM),
+                Ok(f) if f & pwfs::fs::FS_APPEND_FL != 0 && flags.0 & libc::O_APPEND == 0 => {
+                    return reply.error(Errno::EPERM)
+                }
+                Ok(_) => {}
+                Err(e) => return reply.error(errno(e)),
+            }
+        }
         match self.fs.open_ino(ino.0) {
             Ok(_) => reply.opened(FileHandle(0), self.open_flags(flags.0, false)),
             Err(e) => reply.error(errno(e)),
@@ -650,16 +687,55 @@ impl Filesystem for PwFuse {
     fn ioctl(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _flags: fuser::IoctlFlags,
         cmd: u32,
-        _in_data: &[u8],
+        in_data: &[u8],
         _out_size: u32,
         reply: fuser::ReplyIoctl,
     ) {
-        if cmd != XFS_IOC_GOINGDOWN {
-            return reply.error(Errno::from_i32(libc::ENOTTY));
+        match cmd {
+            FS_IOC_GETFLAGS | FS_IOC32_GETFLAGS => {
+                return match self.fs.get_flags(ino.0) {
+                    Ok(f) => reply.ioctl(0, &f.to_ne_bytes()),
+                    Err(e) => reply.error(errno(e)),
+                };
+            }
+            FS_IOC_SETFLAGS | FS_IOC32_SETFLAGS => {
+                // The kernel has checked the caller's right to these flags
+                // (fileattr_set_prepare: CAP_LINUX_IMMUTABLE, owner) and passes them in.
+                let Some(f) = in_data.get(..4).map(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes"))) else {
+                    return reply.error(Errno::EINVAL);
+                };
+                // Nothing is copied back (the kernel asks for no output).
+                return match self.fs.set_flags(ino.0, f) {
+                    Ok(()) => reply.ioctl(0, &[]),
+                    Err(e) => reply.error(errno(e)),
+                };
+            }
+            FS_IOC_FSGETXATTR => {
+                return match self.fs.get_flags(ino.0) {
+                    Ok(f) => {
+                        let mut x = [0u8; 28];
+                        x[..4].copy_from_slice(&xflags_of(f).to_ne_bytes());
+                        reply.ioctl(0, &x)
+                    }
+                    Err(e) => reply.error(errno(e)),
+                };
+            }
+            FS_IOC_FSSETXATTR => {
+                let Some(x) = in_data.get(..4).map(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes"))) else {
+                    return reply.error(Errno::EINVAL);
+                };
+                let r = flags_of_xflags(x).and_then(|f| self.fs.set_flags(ino.0, f));
+                return match r {
+                    Ok(()) => reply.ioctl(0, &[]),
+                    Err(e) => reply.error(errno(e)),
+                };
+            }
+            XFS_IOC_GOINGDOWN => {}
+            _ => return reply.error(Errno::from_i32(libc::ENOTTY)),
         }
         if req.uid() != 0 {
             return reply.error(Errno::EPERM);

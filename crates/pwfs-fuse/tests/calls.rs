@@ -248,3 +248,49 @@ fn file_handles_survive_a_remount() {
     std::fs::remove_dir(&dir).unwrap();
     fs.unmount().unwrap();
 }
+
+/// chattr +i / +a through the kernel: kept by the engine, shown by lsattr, enforced.
+#[test]
+fn chattr_immutable_and_append_only_through_the_kernel() {
+    if !can_mount() {
+        return;
+    }
+    if std::process::Command::new("chattr").arg("--help").output().is_err() {
+        eprintln!("skipping: chattr (e2fsprogs) is not installed");
+        return;
+    }
+    for cache in MODES {
+        let (dev, fs, dir, mounted) = fresh("chattr", cache);
+        let p = |s: &str| dir.join(s);
+        std::fs::write(p("i"), b"fixed").unwrap();
+        std::fs::write(p("a"), b"log:").unwrap();
+        let run = |args: &[&str]| {
+            let o = std::process::Command::new(args[0]).args(&args[1..]).output().unwrap();
+            assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+            String::from_utf8_lossy(&o.stdout).to_string()
+        };
+        run(&["chattr", "+i", p("i").to_str().unwrap()]);
+        run(&["chattr", "+a", p("a").to_str().unwrap()]);
+        let l = run(&["lsattr", p("i").to_str().unwrap()]);
+        assert!(l.split_whitespace().next().unwrap().contains('i'), "{cache:?}: lsattr shows {l}");
+        let e = |r: std::io::Result<()>| r.expect_err("refused").raw_os_error();
+        assert_eq!(e(std::fs::write(p("i"), b"x")), Some(libc::EPERM), "{cache:?}");
+        assert_eq!(e(std::fs::remove_file(p("i"))), Some(libc::EPERM));
+        assert_eq!(e(std::fs::rename(p("i"), p("j"))), Some(libc::EPERM));
+        assert_eq!(e(std::fs::OpenOptions::new().write(true).open(p("a")).map(drop)), Some(libc::EPERM));
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new().append(true).open(p("a")).unwrap();
+        f.write_all(b"more").unwrap();
+        drop(f);
+        assert_eq!(std::fs::read(p("a")).unwrap(), b"log:more");
+        run(&["chattr", "-i", p("i").to_str().unwrap()]);
+        run(&["chattr", "-a", p("a").to_str().unwrap()]);
+        std::fs::remove_file(p("i")).unwrap();
+        std::fs::write(p("a"), b"").unwrap();
+        mounted.unmount().unwrap();
+        std::fs::remove_dir(&dir).unwrap();
+        fs.unmount().unwrap();
+        let r = pwfs::fsck::check(&*dev).unwrap();
+        assert!(r.is_clean(), "{cache:?}: {}", r.errors.join("\n"));
+    }
+}

@@ -364,6 +364,11 @@ pub struct Timespec {
 }
 
 pub const INODE_FLAG_INLINE: u32 = 1;
+/// chattr's flags, with Linux's FS_*_FL values: no change at all, changes only by
+/// appending, no access-time updates.
+pub const INODE_FLAG_IMMUTABLE: u32 = 0x10;
+pub const INODE_FLAG_APPEND: u32 = 0x20;
+pub const INODE_FLAG_NOATIME: u32 = 0x80;
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DiskInode {

@@ -316,3 +316,55 @@ fn rename_whiteout_leaves_a_whiteout_device_in_the_source_name() {
     fs.unmount().unwrap();
     fsck_clean(&*dev);
 }
+
+#[test]
+fn immutable_and_append_only_flags_are_kept_and_enforced() {
+    use pwfs::fs::{FS_APPEND_FL, FS_IMMUTABLE_FL, FS_NOATIME_FL};
+    use pwfs::SetAttr;
+    let (dev, fs) = mem_fs(32 * MIB);
+    fs.write_file("/i", b"fixed").unwrap();
+    fs.write_file("/a", b"log:").unwrap();
+    fs.create_dir("/d", 0o755).unwrap();
+    let (i, a, d) = (fs.metadata("/i").unwrap().ino, fs.metadata("/a").unwrap().ino, fs.metadata("/d").unwrap().ino);
+    assert_eq!(fs.get_flags(i).unwrap(), 0);
+    assert_eq!(errno(fs.set_flags(i, 0x4000)), libc::EOPNOTSUPP, "a flag Patchwork does not keep");
+    fs.set_flags(i, FS_IMMUTABLE_FL | FS_NOATIME_FL).unwrap();
+    fs.set_flags(a, FS_APPEND_FL).unwrap();
+    // Immutable: no write, truncate, chmod, link, unlink, rename, xattr, fallocate.
+    let eperm = libc::EPERM;
+    assert_eq!(errno(fs.write(i, 0, b"x", false)), eperm);
+    assert_eq!(errno(fs.truncate(i, 0)), eperm);
+    assert_eq!(errno(fs.setattr(i, &SetAttr { mode: Some(0o600), ..Default::default() })), eperm);
+    assert_eq!(errno(fs.link(i, 1, b"i2")), eperm);
+    assert_eq!(errno(fs.unlink(1, b"i")), eperm);
+    assert_eq!(errno(fs.rename(1, b"i", 1, b"j", false)), eperm);
+    assert_eq!(errno(fs.setxattr(i, b"user.x", b"1", false, false)), eperm);
+    assert_eq!(errno(fs.fallocate(i, 0, 0, 4096)), eperm);
+    // Append-only: writes at the end only; no truncate, unlink or rename; preallocation is fine.
+    fs.write(a, 4, b"one", false).unwrap();
+    fs.write(a, 0, b"two", true).unwrap();
+    assert_eq!(errno(fs.write(a, 0, b"XX", false)), eperm);
+    assert_eq!(errno(fs.truncate(a, 1)), eperm);
+    assert_eq!(errno(fs.unlink(1, b"a")), eperm);
+    assert_eq!(errno(fs.fallocate(a, pwfs::fs::FALLOC_FL_PUNCH_HOLE | pwfs::fs::FALLOC_FL_KEEP_SIZE, 0, 1)), eperm);
+    fs.fallocate(a, pwfs::fs::FALLOC_FL_KEEP_SIZE, 0, 8192).unwrap();
+    assert_eq!(fs.read_file("/a").unwrap(), b"log:onetwo");
+    // An immutable directory takes no new names and loses none.
+    fs.write_file("/d/in", b"").unwrap();
+    fs.set_flags(d, FS_IMMUTABLE_FL).unwrap();
+    assert_eq!(errno(fs.create("/d/new")), eperm);
+    assert_eq!(errno(fs.remove_file("/d/in")), eperm);
+    // The flags survive a remount; cleared, everything is allowed again.
+    fs.unmount().unwrap();
+    let fs = pwfs::Fs::mount(dev.clone(), test_config()).unwrap();
+    assert_eq!(fs.get_flags(i).unwrap(), FS_IMMUTABLE_FL | FS_NOATIME_FL);
+    assert_eq!(fs.get_flags(a).unwrap(), FS_APPEND_FL);
+    for ino in [i, a, d] {
+        fs.set_flags(ino, 0).unwrap();
+    }
+    fs.unlink(1, b"i").unwrap();
+    fs.truncate(a, 0).unwrap();
+    fs.remove_file("/d/in").unwrap();
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}

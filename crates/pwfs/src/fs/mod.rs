@@ -20,6 +20,7 @@
 //! with EIO from then on; the next mount recovers from the journal).
 
 pub mod api;
+mod attrflags;
 pub(crate) mod inode;
 pub(crate) mod meta;
 mod mkfs;
@@ -41,6 +42,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 pub use api::{DirEntry, File, FileType, Metadata, OpenOptions, SetAttr, StatFs};
+pub use attrflags::{FS_APPEND_FL, FS_IMMUTABLE_FL, FS_NOATIME_FL};
 pub use mkfs::{mkfs, mkfs_with_progress, read_superblock, MkfsOptions};
 pub use space::{
     FALLOC_FL_COLLAPSE_RANGE, FALLOC_FL_INSERT_RANGE, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE,

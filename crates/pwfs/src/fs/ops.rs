@@ -4,6 +4,7 @@
 //! (noatime). See docs/DECISIONS.md.
 
 use super::api::{DirEntry, FileType, Metadata, SetAttr, StatFs, TimeSet};
+use super::attrflags::{deny_change, deny_immutable, deny_write};
 use super::inode::{Inode, InodeCell};
 use super::meta::{ftype_of, now, Meta, TxSize};
 use super::{Fs, FsInner};
@@ -135,6 +136,7 @@ impl Fs {
         if p.d.nlink == 0 {
             return Err(Error::not_found("directory was removed"));
         }
+        deny_immutable(&p)?;
         drop(p);
         if is_dot(name) || m.lookup(parent, name)?.is_some() {
             return Err(Error::exists(""));
@@ -271,6 +273,7 @@ impl Fs {
             if node.d.nlink == 0 {
                 return Err(Error::not_found("file was removed"));
             }
+            deny_change(&node)?;
             let mode = node.d.mode;
             drop(node);
             let grow = m.dir(parent, |idx| idx.free.is_empty())?;
@@ -334,6 +337,8 @@ impl Fs {
             }
             let (ino, _) = m.lookup(parent, name)?.ok_or_else(|| Error::not_found(""))?;
             let is_dir = Self::check_replaceable(m, dir, ino)?;
+            deny_change(&*m.inode(parent)?)?;
+            deny_change(&*m.inode(ino)?)?;
             let tx = m.inode_cost(parent, 0)?.plus(m.inode_cost(ino, 0)?).plus(entry_cost(false));
             Ok((Need::tx(tx), (ino, is_dir)))
         })?;
@@ -395,6 +400,9 @@ impl Fs {
                 return Ok((Need::tx(TxSize::default()), None));
             }
             let (a_mode, b_mode) = (m.inode(a)?.d.mode, m.inode(b)?.d.mode);
+            for ino in [a, b, sp, dp] {
+                deny_change(&*m.inode(ino)?)?;
+            }
             let is_dir = |mode: u32| mode & f::S_IFMT == f::S_IFDIR;
             // Neither directory may end up inside itself.
             for (moved, into) in [(a, dp), (b, sp)] {
@@ -479,6 +487,9 @@ impl Fs {
             }
             let (src, _) = m.lookup(sp, sname)?.ok_or_else(|| Error::not_found(""))?;
             let src_mode = m.inode(src)?.d.mode;
+            deny_change(&*m.inode(src)?)?;
+            deny_change(&*m.inode(sp)?)?;
+            deny_immutable(&*m.inode(dp)?)?;
             let src_dir = src_mode & f::S_IFMT == f::S_IFDIR;
             let dst = m.lookup(dp, dname)?.map(|(i, _)| i);
             if dst == Some(src) {
@@ -506,6 +517,7 @@ impl Fs {
                         return Err(Error::exists(""));
                     }
                     Self::check_replaceable(m, src_dir, d)?;
+                    deny_change(&*m.inode(d)?)?;
                     false
                 }
                 None => m.dir(dp, |idx| idx.free.is_empty())?,
@@ -629,6 +641,15 @@ impl Fs {
         let (mut m, ()) = self.inner.admitted(|m| Ok((Need::tx(m.inode_cost(ino, 0)?), ())))?;
         let tx = m.tx.clone();
         let mut node = m.inode(ino)?;
+        // As notify_change: no chmod, chown or explicit times on an immutable or
+        // append-only file; setting the times to now is refused only when immutable.
+        let explicit = |t: Option<TimeSet>| matches!(t, Some(TimeSet::At(_)));
+        if set.mode.is_some() || set.uid.is_some() || set.gid.is_some() || explicit(set.atime) || explicit(set.mtime) {
+            deny_change(&node)?;
+        }
+        if set.atime.is_some() || set.mtime.is_some() {
+            deny_immutable(&node)?;
+        }
         let t = now();
         if let Some(mode) = set.mode {
             node.d.mode = (node.d.mode & f::S_IFMT) | (mode & 0o7777);
@@ -702,6 +723,7 @@ impl Fs {
             return Err(Error::new(crate::ErrorKind::Range, "attribute value too large"));
         }
         let (mut m, entries) = self.inner.admitted(|m| {
+            deny_change(&*m.inode(ino)?)?;
             let mut entries = m.xattrs(ino)?;
             match (entries.binary_search_by(|(n, _)| n.as_slice().cmp(name)), create, replace) {
                 (Ok(_), true, _) => return Err(Error::exists("")),
@@ -726,6 +748,7 @@ impl Fs {
         self.inner.check_writable()?;
         Self::check_xattr_name(name)?;
         let (mut m, entries) = self.inner.admitted(|m| {
+            deny_change(&*m.inode(ino)?)?;
             let mut entries = m.xattrs(ino)?;
             let i = entries
                 .binary_search_by(|(n, _)| n.as_slice().cmp(name))
@@ -1077,6 +1100,7 @@ impl Fs {
                 return Err(Error::is_dir(""));
             }
             let size = node.d.size;
+            deny_write(node, offset, append)?;
             let offset = if append { size } else { offset };
             let end = offset.checked_add(len).filter(|e| *e <= f::MAX_FILE_SIZE);
             let end = end.ok_or_else(|| Error::file_too_big(""))?;
@@ -1146,6 +1170,7 @@ impl Fs {
             if node.kind() != f::S_IFREG {
                 return Err(Error::invalid("truncate of a special file"));
             }
+            deny_change(&node)?;
             let old = node.d.size;
             // The inode (its tail page may move: one more extent, one more bitmap
             // block) and the bitmap blocks of what is cut off.

@@ -50,6 +50,15 @@ impl Fs {
             f::S_IFDIR => return Err(Error::is_dir("")),
             _ => return Err(Error::new(ErrorKind::NoDevice, "fallocate of a special file")),
         }
+        {
+            // As vfs_fallocate: nothing on an immutable file, only preallocation on an
+            // append-only one.
+            let node = cell.lock();
+            super::attrflags::deny_immutable(&node)?;
+            if mode & !FALLOC_FL_KEEP_SIZE != 0 {
+                super::attrflags::deny_change(&node)?;
+            }
+        }
         let end = offset + len;
         match mode & !FALLOC_FL_KEEP_SIZE {
             0 => {
