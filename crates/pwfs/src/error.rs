@@ -31,6 +31,8 @@ pub enum ErrorKind {
     NotSupported,
     NoData,
     Range,
+    /// EACCES: a default ACL on a non-directory.
+    AccessDenied,
 }
 
 #[derive(Debug, Clone)]
@@ -73,6 +75,7 @@ impl Error {
             ErrorKind::NotSupported => libc::EOPNOTSUPP,
             ErrorKind::NoData => libc::ENODATA,
             ErrorKind::Range => libc::ERANGE,
+            ErrorKind::AccessDenied => libc::EACCES,
         }
     }
 }

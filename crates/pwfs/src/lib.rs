@@ -36,7 +36,9 @@ pub use journal::JournalStats;
 pub use config::{Config, FetchPolicy, IoPath, LockMode, MountCheck, Stack};
 pub use error::{Error, ErrorKind, Result};
 pub use fs::api::TimeSet;
-pub use fs::{mkfs, DirEntry, File, FileType, Fs, Metadata, MkfsOptions, MountReport, OpenOptions, SetAttr, StatFs};
+pub use fs::{
+    mkfs, Creator, DirEntry, File, FileType, Fs, Metadata, MkfsOptions, MountReport, OpenOptions, SetAttr, StatFs,
+};
 
 use device::uring::{Lock, UringDevice, UringOptions};
 use std::path::Path;

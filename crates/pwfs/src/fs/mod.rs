@@ -2,6 +2,8 @@
 //!
 //! - `api`: the path-based Rust API (`Fs::open`, `File`, `OpenOptions`, ...).
 //! - `ops`: inode-level operations, used by `api` and by front ends (FUSE).
+//! - `perm`: the permission rules the engine applies (set-id bits, set-group-ID
+//!   directories, POSIX ACLs); checking permissions is the front end's (the kernel's).
 //! - `meta`: metadata blocks, inodes, directory indexes and the allocators, under one
 //!   mutex; `mkfs`: formatting and the superblock; this module: mount, unmount and the
 //!   shared state (`FsInner`) that `commit`, `writeback`, `nbw` and `readahead` work on.
@@ -19,6 +21,7 @@ pub(crate) mod meta;
 mod mkfs;
 mod mount;
 mod ops;
+pub mod perm;
 pub(crate) mod tx;
 
 use crate::cache::PageCache;
@@ -35,6 +38,7 @@ use std::thread::JoinHandle;
 
 pub use api::{DirEntry, File, FileType, Metadata, OpenOptions, SetAttr, StatFs};
 pub use mkfs::{mkfs, mkfs_with_progress, read_superblock, MkfsOptions};
+pub use perm::Creator;
 
 /// A mounted file system. Cheap to clone; the last handle (open `File`s included)
 /// to go away flushes and empties the journal, as `unmount` does explicitly.
