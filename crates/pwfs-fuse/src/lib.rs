@@ -29,7 +29,7 @@ use fuser::{
     ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use pwfs::format::Timespec;
-use pwfs::{Fs, Metadata, SetAttr, TimeSet};
+use pwfs::{Creator, Fs, Metadata, SetAttr, TimeSet};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::ffi::OsStringExt;
@@ -238,6 +238,33 @@ fn attr(m: &Metadata) -> FileAttr {
     }
 }
 
+/// The creator of a new inode of `mode`, asking with `umask` (FUSE_DONT_MASK: the
+/// engine applies it, unless the directory has a default ACL). The kernel has already
+/// stripped S_ISGID where its creator may not have it (`mode_strip_sgid`); the engine
+/// applies the same rule, for which a file asking for S_ISGID needs the creator's
+/// supplementary groups and CAP_FSETID: read from /proc then only (rare).
+fn creator(req: &Request, mode: u32, umask: u32) -> Creator {
+    let mut who = Creator { umask, ..Creator::new(req.uid(), req.gid()) };
+    if mode & libc::S_ISGID != 0 && mode & libc::S_IFMT != libc::S_IFDIR {
+        let (groups, fsetid) = groups_and_fsetid(req.pid());
+        (who.groups, who.fsetid) = (groups, fsetid);
+    }
+    who
+}
+
+/// Supplementary groups and whether CAP_FSETID is effective, of process `pid`
+/// (/proc/PID/status `Groups:` and `CapEff:`); none when it cannot be read.
+fn groups_and_fsetid(pid: u32) -> (Vec<u32>, bool) {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return (Vec::new(), false);
+    };
+    let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).map(str::trim);
+    let groups = field("Groups:").map(|g| g.split_whitespace().filter_map(|n| n.parse().ok()).collect());
+    let caps = field("CapEff:").and_then(|c| u64::from_str_radix(c, 16).ok()).unwrap_or(0);
+    const CAP_FSETID: u64 = 4;
+    (groups.unwrap_or_default(), caps & (1 << CAP_FSETID) != 0)
+}
+
 fn empty(reply: ReplyEmpty, r: pwfs::Result<()>) {
     match r {
         Ok(()) => reply.ok(),
@@ -294,7 +321,11 @@ impl Filesystem for PwFuse {
                 | InitFlags::FUSE_CACHE_SYMLINKS
                 // File handles survive a remount: inode numbers and generations are
                 // on disk (name_to_handle_at, open_by_handle_at, NFS export).
-                | InitFlags::FUSE_EXPORT_SUPPORT,
+                | InitFlags::FUSE_EXPORT_SUPPORT
+                // The kernel checks POSIX ACLs (read from here with getxattr), and
+                // leaves the umask to us: a new inode under a default ACL ignores it.
+                | InitFlags::FUSE_POSIX_ACL
+                | InitFlags::FUSE_DONT_MASK,
         );
         if self.cache != KernelCache::Off {
             let _ = config.add_capabilities(InitFlags::FUSE_NO_OPENDIR_SUPPORT);
@@ -369,6 +400,9 @@ impl Filesystem for PwFuse {
             atime: atime.map(time_set),
             mtime: mtime.map(time_set),
             ctime: ctime.map(timespec),
+            // The kernel sends the mode it wants when a truncate or chown clears
+            // set-id bits (FUSE_HANDLE_KILLPRIV is not negotiated).
+            kill_setid: false,
         };
         match self.fs.setattr(ino.0, &set) {
             Ok(m) => reply.attr(&TTL, &attr(&m)),
@@ -384,11 +418,11 @@ impl Filesystem for PwFuse {
     }
 
     fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
-        self.entry(reply, self.fs.mknod(parent.0, name.as_bytes(), mode & !umask, rdev, req.uid(), req.gid()))
+        self.entry(reply, self.fs.mknod(parent.0, name.as_bytes(), mode, rdev, &creator(req, mode, umask)))
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
-        self.entry(reply, self.fs.mkdir(parent.0, name.as_bytes(), mode & !umask, req.uid(), req.gid()))
+        self.entry(reply, self.fs.mkdir(parent.0, name.as_bytes(), mode, &creator(req, libc::S_IFDIR, umask)))
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -402,7 +436,7 @@ impl Filesystem for PwFuse {
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
         self.entry(
             reply,
-            self.fs.symlink(parent.0, link_name.as_bytes(), target.as_os_str().as_bytes(), req.uid(), req.gid()),
+            self.fs.symlink(parent.0, link_name.as_bytes(), target.as_os_str().as_bytes(), &creator(req, 0, 0)),
         )
     }
 
@@ -486,11 +520,28 @@ impl Filesystem for PwFuse {
         _fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyWrite,
     ) {
+        // The writer lacks CAP_FSETID: set-id bits go first. The kernel says so on
+        // every direct write (KernelCache::Off); in the cached modes it clears them
+        // itself with a setattr before the write (no FUSE_HANDLE_KILLPRIV_V2: see
+        // docs/DECISIONS.md).
+        if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            match self.fs.remove_privs(ino.0) {
+                // The kernel keeps the mode it had cached after a direct write: drop
+                // its attributes (offset -1: not its pages, which this write may hold).
+                Ok(true) => {
+                    if let Some(n) = self.notifier.get() {
+                        let _ = n.inval_inode(ino, -1, 0);
+                    }
+                }
+                Ok(false) => {}
+                Err(e) => return reply.error(errno(e)),
+            }
+        }
         // O_APPEND is resolved by the kernel into the offset it sends.
         match self.fs.write(ino.0, offset, data, false) {
             Ok(_) => reply.written(data.len() as u32),
@@ -770,7 +821,7 @@ impl Filesystem for PwFuse {
     ) {
         let made = self
             .fs
-            .mknod(parent.0, name.as_bytes(), mode & !umask, 0, req.uid(), req.gid())
+            .mknod(parent.0, name.as_bytes(), mode, 0, &creator(req, mode, umask))
             .and_then(|m| self.fs.open_ino(m.ino));
         match made {
             Ok(m) => {

@@ -35,6 +35,8 @@ pub enum ErrorKind {
     NoDevice,
     /// An offset past the data (SEEK_DATA/SEEK_HOLE at or past the end of the file).
     NoSuchAddress,
+    /// EACCES: a default ACL on a non-directory.
+    AccessDenied,
 }
 
 #[derive(Debug, Clone)]
@@ -79,6 +81,7 @@ impl Error {
             ErrorKind::Range => libc::ERANGE,
             ErrorKind::NoDevice => libc::ENODEV,
             ErrorKind::NoSuchAddress => libc::ENXIO,
+            ErrorKind::AccessDenied => libc::EACCES,
         }
     }
 }

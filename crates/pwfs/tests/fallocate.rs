@@ -269,7 +269,7 @@ fn fallocate_errors_are_linux_errors() {
     fs.create_dir("/d", 0o755).unwrap();
     let d = fs.metadata("/d").unwrap().ino;
     assert_eq!(errno(fs.fallocate(d, 0, 0, 1)), libc::EISDIR);
-    let fifo = fs.mknod(1, b"fifo", 0o010644, 0, 0, 0).unwrap().ino;
+    let fifo = fs.mknod(1, b"fifo", 0o010644, 0, &pwfs::Creator::new(0, 0)).unwrap().ino;
     assert_eq!(errno(fs.fallocate(fifo, 0, 0, 1)), libc::ENODEV);
     // A preallocation larger than the free space: ENOSPC, and the file system goes on.
     assert_eq!(errno(f.allocate(0, 0, 64 * MIB)), libc::ENOSPC);

@@ -16,9 +16,9 @@ fn directory_with_100k_entries() {
     fs.create_dir("/big", 0o755).unwrap();
     let dir = fs.metadata("/big").unwrap().ino;
     for i in 0..N {
-        fs.mknod(dir, format!("entry-{i:06}").as_bytes(), 0o644, 0, 0, 0).unwrap();
+        fs.mknod(dir, format!("entry-{i:06}").as_bytes(), 0o644, 0, &pwfs::Creator::new(0, 0)).unwrap();
     }
-    assert_eq!(errno(fs.mknod(dir, b"entry-000123", 0o644, 0, 0, 0)), libc::EEXIST);
+    assert_eq!(errno(fs.mknod(dir, b"entry-000123", 0o644, 0, &pwfs::Creator::new(0, 0))), libc::EEXIST);
     fs.unmount().unwrap();
     let fs = Fs::mount(dev.clone(), Config { check_on_mount: pwfs::MountCheck::Never, ..test_config() }).unwrap();
     for i in (0..N).step_by(997) {

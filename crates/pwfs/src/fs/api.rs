@@ -6,6 +6,7 @@
 //! in the last component where the operation says so (lstat, readlink, unlink...).
 
 use super::inode::InodeCell;
+use super::perm::Creator;
 use super::Fs;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::{self as f, Timespec};
@@ -109,6 +110,10 @@ pub struct SetAttr {
     pub atime: Option<TimeSet>,
     pub mtime: Option<TimeSet>,
     pub ctime: Option<Timespec>,
+    /// Clear S_ISUID, and S_ISGID if group-executable, of a non-directory: what a
+    /// truncate by a caller without CAP_FSETID does (`perm::setid_to_clear`). A change
+    /// of owner or group does it anyway.
+    pub kill_setid: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -423,13 +428,13 @@ impl Fs {
         // empty, and its times are the creation's).
         let (ino, created) = if o.create_new {
             let (parent, name) = self.resolve_parent(path)?;
-            (self.mknod(parent, name, f::S_IFREG | (o.mode & 0o7777), 0, o.uid, o.gid)?.ino, true)
+            (self.mknod(parent, name, f::S_IFREG | (o.mode & 0o7777), 0, &Creator::new(o.uid, o.gid))?.ino, true)
         } else {
             match self.resolve(path, !o.nofollow) {
                 Ok(ino) => (ino, false),
                 Err(e) if e.kind == ErrorKind::NotFound && o.create => {
                     let (parent, name) = self.resolve_parent(path)?;
-                    match self.mknod(parent, name, f::S_IFREG | (o.mode & 0o7777), 0, o.uid, o.gid) {
+                    match self.mknod(parent, name, f::S_IFREG | (o.mode & 0o7777), 0, &Creator::new(o.uid, o.gid)) {
                         Ok(md) => (md.ino, true),
                         // Lost a race with another creator, or a dangling symlink.
                         Err(e2) if e2.kind == ErrorKind::Exists => (self.resolve(path, !o.nofollow)?, false),
@@ -476,7 +481,7 @@ impl Fs {
 
     pub fn create_dir(&self, path: impl AsRef<[u8]>, mode: u32) -> Result<Metadata> {
         let (parent, name) = self.resolve_parent(path.as_ref()).map_err(|e| busy_is(e, ErrorKind::Exists))?;
-        self.mkdir(parent, name, mode, 0, 0)
+        self.mkdir(parent, name, mode, &Creator::new(0, 0))
     }
 
     pub fn remove_dir(&self, path: impl AsRef<[u8]>) -> Result<()> {
@@ -504,7 +509,7 @@ impl Fs {
     /// Create `link` pointing at `target`.
     pub fn symlink_path(&self, target: impl AsRef<[u8]>, link: impl AsRef<[u8]>) -> Result<Metadata> {
         let (parent, name) = self.resolve_parent(link.as_ref()).map_err(|e| busy_is(e, ErrorKind::Exists))?;
-        self.symlink(parent, name, target.as_ref(), 0, 0)
+        self.symlink(parent, name, target.as_ref(), &Creator::new(0, 0))
     }
 
     pub fn read_link(&self, path: impl AsRef<[u8]>) -> Result<Vec<u8>> {

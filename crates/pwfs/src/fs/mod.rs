@@ -2,6 +2,8 @@
 //!
 //! - `api`: the path-based Rust API (`Fs::open`, `File`, `OpenOptions`, ...).
 //! - `ops`: inode-level operations, used by `api` and by front ends (FUSE).
+//! - `perm`: the permission rules the engine applies (set-id bits, set-group-ID
+//!   directories, POSIX ACLs); checking permissions is the front end's (the kernel's).
 //! - `meta`: metadata blocks, inodes, directory indexes and the allocators, under one
 //!   mutex; `mkfs`: formatting and the superblock; this module: mount, unmount and the
 //!   shared state (`FsInner`) that `commit`, `writeback`, `nbw` and `readahead` work on.
@@ -26,6 +28,7 @@ pub(crate) mod meta;
 mod mkfs;
 mod mount;
 mod ops;
+pub mod perm;
 mod space;
 pub(crate) mod tx;
 
@@ -44,6 +47,7 @@ use std::thread::JoinHandle;
 pub use api::{DirEntry, File, FileType, Metadata, OpenOptions, SetAttr, StatFs};
 pub use attrflags::{FS_APPEND_FL, FS_IMMUTABLE_FL, FS_NOATIME_FL};
 pub use mkfs::{mkfs, mkfs_with_progress, read_superblock, MkfsOptions};
+pub use perm::Creator;
 pub use space::{
     FALLOC_FL_COLLAPSE_RANGE, FALLOC_FL_INSERT_RANGE, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE,
 };

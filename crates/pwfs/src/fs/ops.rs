@@ -7,6 +7,7 @@ use super::api::{DirEntry, FileType, Metadata, SetAttr, StatFs, TimeSet};
 use super::attrflags::{deny_change, deny_immutable, deny_write};
 use super::inode::{Inode, InodeCell};
 use super::meta::{ftype_of, now, Meta, TxSize};
+use super::perm::{self, Acl, Creator};
 use super::{Fs, FsInner};
 use crate::cache::PageState;
 use crate::commit::{entry_cost, Need};
@@ -14,14 +15,17 @@ use crate::error::{Error, Result};
 use crate::format::{self as f, BLOCK, BLOCK_SIZE};
 use crate::readahead::RaState;
 
+/// An inode's extended attributes, (name, value) in name order.
+type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// ext4's limit; beyond it link() and mkdir() fail with EMLINK.
 pub const LINK_MAX: u32 = 65000;
 
-/// What a new inode is: type and permissions, owner, device number, symlink target.
+/// What a new inode is: type and permissions (before the umask, its directory's
+/// default ACL and set-group-ID rules), creator, device number, symlink target.
 struct NewNode<'a> {
     mode: u32,
-    uid: u32,
-    gid: u32,
+    who: &'a Creator,
     rdev: u32,
     target: Option<&'a [u8]>,
 }
@@ -158,26 +162,33 @@ impl Fs {
 
     /// Create a regular file, special file, directory or symlink.
     fn make(&self, parent: u64, name: &[u8], new: NewNode<'_>) -> Result<Metadata> {
-        let NewNode { mode, uid, gid, rdev, target } = new;
+        let NewNode { mode, who, rdev, target } = new;
         self.inner.check_writable()?;
         let is_dir = mode & f::S_IFMT == f::S_IFDIR;
         let long_target = target.is_some_and(|t| t.len() > f::INLINE_MAX);
-        let cell = InodeCell::blank(mode);
-        let (mut m, ()) = self.inner.admitted(|m| {
+        let (mut m, (mode, gid, xattrs)) = self.inner.admitted(|m| {
             Self::check_new_name(m, parent, name)?;
-            if is_dir && m.inode(parent)?.d.nlink >= LINK_MAX {
+            let (dir_mode, dir_gid, dir_nlink) = {
+                let p = m.inode(parent)?;
+                (p.d.mode, p.d.gid, p.d.nlink)
+            };
+            if is_dir && dir_nlink >= LINK_MAX {
                 return Err(Error::too_many_links(""));
             }
+            let (mode, gid, xattrs) = Self::new_mode(m, parent, dir_mode, dir_gid, mode, who)?;
             let grow = m.dir(parent, |idx| idx.free.is_empty())?;
             // The parent, the new inode and its bitmap block, the entry, a long
-            // symlink's block and its bitmap block.
-            let tx = m.inode_cost(parent, grow as u64)?.plus(TxSize::new(2 + 2 * long_target as u64, 0));
-            let blocks = grow as u64 + long_target as u64;
-            Ok((Need { tx: tx.plus(entry_cost(grow)), blocks, inode: true }, ()))
+            // symlink's block and its bitmap block, an inherited ACL's block and its
+            // bitmap block.
+            let extra = long_target as u64 + !xattrs.is_empty() as u64;
+            let tx = m.inode_cost(parent, grow as u64)?.plus(TxSize::new(2 + 2 * extra, 0));
+            let blocks = grow as u64 + extra;
+            Ok((Need { tx: tx.plus(entry_cost(grow)), blocks, inode: true }, (mode, gid, xattrs)))
         })?;
+        let cell = InodeCell::blank(mode);
         let ino = self.inner.mutate(&mut m, |m| {
             let tx = m.tx.clone();
-            let ino = m.new_inode(cell, uid, gid)?;
+            let ino = m.new_inode(cell, who.uid, gid)?;
             let payload = match target {
                 Some(t) if t.len() > f::INLINE_MAX => Some(m.write_payload_block(t)?),
                 _ => None,
@@ -200,6 +211,9 @@ impl Fs {
             }
             node.register(&tx, None);
             drop(node);
+            if !xattrs.is_empty() {
+                m.set_xattrs(ino, xattrs)?;
+            }
             m.dir_add(parent, name, ino, ftype_of(mode))?;
             let t = now();
             let mut p = m.inode(parent)?;
@@ -217,28 +231,68 @@ impl Fs {
         Ok(md)
     }
 
+    /// Mode, group and extended attributes of a new inode in `parent` (of `dir_mode`
+    /// and `dir_gid`), as a local file system gets them from the kernel: the
+    /// set-group-ID directory rules (`perm::new_owner`), then the directory's default
+    /// ACL (`posix_acl_create`: the new inode's access ACL, and a directory's default
+    /// ACL; the umask does not apply) or, without one, the umask. A symlink is 0777.
+    fn new_mode(
+        m: &mut Meta,
+        parent: u64,
+        dir_mode: u32,
+        dir_gid: u32,
+        mode: u32,
+        who: &Creator,
+    ) -> Result<(u32, u32, Xattrs)> {
+        let (mut mode, gid) = perm::new_owner(dir_mode, dir_gid, mode, who);
+        let mut xattrs = Vec::new();
+        if mode & f::S_IFMT == f::S_IFLNK {
+            return Ok((mode, gid, xattrs));
+        }
+        let default = m.xattrs(parent)?.into_iter().find(|(n, _)| n == perm::ACL_DEFAULT);
+        let default = match default {
+            Some((_, v)) => Acl::decode(&v)?,
+            None => None,
+        };
+        match default {
+            None => mode &= !(who.umask & 0o777),
+            Some(acl) => {
+                let (access, masked) = acl.inherit(mode);
+                mode = masked;
+                if !access.is_mode() {
+                    xattrs.push((perm::ACL_ACCESS.to_vec(), access.encode()));
+                }
+                if mode & f::S_IFMT == f::S_IFDIR {
+                    xattrs.push((perm::ACL_DEFAULT.to_vec(), acl.encode()));
+                }
+                xattrs.sort();
+            }
+        }
+        Ok((mode, gid, xattrs))
+    }
+
     /// mknod(2) for regular and special files (mode carries the type; 0 means regular).
-    pub fn mknod(&self, parent: u64, name: &[u8], mode: u32, rdev: u32, uid: u32, gid: u32) -> Result<Metadata> {
+    pub fn mknod(&self, parent: u64, name: &[u8], mode: u32, rdev: u32, who: &Creator) -> Result<Metadata> {
         let mode = if mode & f::S_IFMT == 0 { mode | f::S_IFREG } else { mode };
         match mode & f::S_IFMT {
             f::S_IFREG | f::S_IFIFO | f::S_IFCHR | f::S_IFBLK | f::S_IFSOCK => {}
             _ => return Err(Error::invalid("mknod of a directory or symlink")),
         }
-        self.make(parent, name, NewNode { mode: mode & (f::S_IFMT | 0o7777), uid, gid, rdev, target: None })
+        self.make(parent, name, NewNode { mode: mode & (f::S_IFMT | 0o7777), who, rdev, target: None })
     }
 
-    pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, uid: u32, gid: u32) -> Result<Metadata> {
-        self.make(parent, name, NewNode { mode: f::S_IFDIR | (mode & 0o7777), uid, gid, rdev: 0, target: None })
+    pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, who: &Creator) -> Result<Metadata> {
+        self.make(parent, name, NewNode { mode: f::S_IFDIR | (mode & 0o7777), who, rdev: 0, target: None })
     }
 
-    pub fn symlink(&self, parent: u64, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Metadata> {
+    pub fn symlink(&self, parent: u64, name: &[u8], target: &[u8], who: &Creator) -> Result<Metadata> {
         if target.is_empty() {
             return Err(Error::not_found("empty symlink target"));
         }
         if target.len() > f::SYMLINK_MAX {
             return Err(Error::name_too_long("symlink target longer than PATH_MAX"));
         }
-        self.make(parent, name, NewNode { mode: f::S_IFLNK | 0o777, uid, gid, rdev: 0, target: Some(target) })
+        self.make(parent, name, NewNode { mode: f::S_IFLNK | 0o777, who, rdev: 0, target: Some(target) })
     }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
@@ -633,12 +687,36 @@ impl Fs {
         }
     }
 
+    /// Change attributes. A change of owner or group clears set-id bits of a
+    /// non-directory (`perm::setid_to_clear`), as chown(2) does for anyone;
+    /// `set.kill_setid` clears them too (a truncate by a caller without CAP_FSETID).
+    /// An explicit `mode` is applied after that. A chmod of an inode with an access
+    /// ACL moves the ACL's owner, mask (or group) and other entries along.
     pub fn setattr(&self, ino: u64, set: &SetAttr) -> Result<Metadata> {
         self.inner.check_writable()?;
         if let Some(size) = set.size {
             self.truncate(ino, size)?;
         }
-        let (mut m, ()) = self.inner.admitted(|m| Ok((Need::tx(m.inode_cost(ino, 0)?), ())))?;
+        let chown = set.uid.is_some() || set.gid.is_some();
+        let (mut m, acl) = self.inner.admitted(|m| {
+            let mut tx = m.inode_cost(ino, 0)?;
+            // The new mode goes into the access ACL too: its block is rewritten.
+            let acl = match set.mode {
+                Some(_) if m.inode(ino)?.d.xattr_block != 0 => {
+                    let mut entries = m.xattrs(ino)?;
+                    match entries.iter().position(|(n, _)| n == perm::ACL_ACCESS) {
+                        Some(i) => {
+                            tx = tx.plus(TxSize::new(1, 0));
+                            let acl = Acl::decode(&entries[i].1)?;
+                            Some((entries.remove(i).0, acl, entries))
+                        }
+                        None => None,
+                    }
+                }
+                _ => None,
+            };
+            Ok((Need::tx(tx), acl))
+        })?;
         let tx = m.tx.clone();
         let mut node = m.inode(ino)?;
         // As notify_change: no chmod, chown or explicit times on an immutable or
@@ -651,9 +729,14 @@ impl Fs {
             deny_immutable(&node)?;
         }
         let t = now();
+        if chown || set.kill_setid {
+            let kill = perm::setid_to_clear(node.d.mode);
+            node.d.mode &= !kill;
+        }
         if let Some(mode) = set.mode {
             node.d.mode = (node.d.mode & f::S_IFMT) | (mode & 0o7777);
         }
+        let mode_now = node.d.mode;
         if let Some(uid) = set.uid {
             node.d.uid = uid;
         }
@@ -670,22 +753,45 @@ impl Fs {
         if let Some(mt) = set.mtime {
             node.d.mtime = pick(mt);
         }
-        if set.mode.is_some() || set.uid.is_some() || set.gid.is_some() || set.atime.is_some() || set.mtime.is_some() {
+        if set.mode.is_some() || chown || set.kill_setid || set.atime.is_some() || set.mtime.is_some() {
             node.d.ctime = set.ctime.unwrap_or(t);
         }
         let md = attr(ino, &node);
         node.register(&tx, None);
         drop(node);
+        if let Some((name, Some(mut acl), mut entries)) = acl {
+            acl.chmod(mode_now);
+            entries.push((name, acl.encode()));
+            entries.sort();
+            self.inner.mutate(&mut m, |m| m.set_xattrs(ino, entries))?;
+        }
         drop(m);
         self.inner.maybe_commit()?;
         Ok(md)
     }
 
+    /// What a write (or truncate) by a caller without CAP_FSETID does first, as the
+    /// kernel's `file_remove_privs`: clear S_ISUID, and S_ISGID if group-executable, of
+    /// a file. Whether the caller is privileged is the caller's to know (FUSE: the
+    /// kernel says so in the write request). Costs one look at the mode when there is
+    /// nothing to clear. Returns whether it cleared something.
+    pub fn remove_privs(&self, ino: u64) -> Result<bool> {
+        let cell = self.inner.cell(ino)?;
+        if perm::setid_to_clear(cell.lock().d.mode) == 0 {
+            return Ok(false);
+        }
+        self.setattr(ino, &SetAttr { kill_setid: true, ..Default::default() })?;
+        Ok(true)
+    }
+
     // ------------------------------------------------------------ extended attributes
 
-    /// Names must carry a namespace Patchwork stores: user, trusted or security.
-    /// (system.* holds ACLs, which it does not implement: EOPNOTSUPP.)
+    /// Names must carry a namespace Patchwork stores: user, trusted or security, or be
+    /// one of the two POSIX ACLs (other system.* names: EOPNOTSUPP).
     fn check_xattr_name(name: &[u8]) -> Result<()> {
+        if name == perm::ACL_ACCESS || name == perm::ACL_DEFAULT {
+            return Ok(());
+        }
         if name.is_empty() {
             return Err(Error::new(crate::ErrorKind::Range, "empty attribute name"));
         }
@@ -716,30 +822,70 @@ impl Fs {
     /// setxattr(2): `create` is XATTR_CREATE (EEXIST if present), `replace` is
     /// XATTR_REPLACE (ENODATA if absent). All attributes of an inode share one block:
     /// past that, ENOSPC (as ext4 when its in-inode and block space is full).
+    ///
+    /// A POSIX ACL is checked (EINVAL if malformed; a default ACL on anything but a
+    /// directory is EACCES) and kept in canonical form; an access ACL sets the mode's
+    /// permission bits (`posix_acl_update_mode`) and, when the mode says all it says,
+    /// is not kept at all, as on ext4. An ACL without entries removes it.
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], create: bool, replace: bool) -> Result<()> {
         self.inner.check_writable()?;
         Self::check_xattr_name(name)?;
         if value.len() > u16::MAX as usize {
             return Err(Error::new(crate::ErrorKind::Range, "attribute value too large"));
         }
-        let (mut m, entries) = self.inner.admitted(|m| {
+        let is_acl = name == perm::ACL_ACCESS || name == perm::ACL_DEFAULT;
+        let acl = if is_acl { Some(Acl::decode(value)?) } else { None };
+        let (mut m, (entries, mode)) = self.inner.admitted(|m| {
             deny_change(&*m.inode(ino)?)?;
             let mut entries = m.xattrs(ino)?;
+            let mut mode = None;
+            // What is kept: the value, or (ACLs) its canonical form or nothing.
+            let mut keep = Some(value.to_vec());
+            if let Some(acl) = &acl {
+                let node = m.inode(ino)?;
+                if name == perm::ACL_DEFAULT && !node.is_dir() {
+                    return Err(Error::new(crate::ErrorKind::AccessDenied, "default ACL on a non-directory"));
+                }
+                keep = acl.as_ref().map(Acl::encode);
+                if let (Some(a), true) = (acl, name == perm::ACL_ACCESS) {
+                    mode = Some((node.d.mode & !0o777) | a.mode_bits());
+                    if a.is_mode() {
+                        keep = None;
+                    }
+                }
+            }
             match (entries.binary_search_by(|(n, _)| n.as_slice().cmp(name)), create, replace) {
                 (Ok(_), true, _) => return Err(Error::exists("")),
                 (Err(_), _, true) => return Err(Error::new(crate::ErrorKind::NoData, "")),
-                (Ok(i), _, _) => entries[i].1 = value.to_vec(),
-                (Err(i), _, _) => entries.insert(i, (name.to_vec(), value.to_vec())),
+                (Ok(i), _, _) => match keep {
+                    Some(v) => entries[i].1 = v,
+                    None => drop(entries.remove(i)),
+                },
+                (Err(i), _, _) => {
+                    if let Some(v) = keep {
+                        entries.insert(i, (name.to_vec(), v));
+                    }
+                }
             }
             if f::XattrBlock::used(&entries) > BLOCK_SIZE {
                 return Err(Error::no_space("no room for more extended attributes on this inode"));
             }
             let new_block = m.inode(ino)?.d.xattr_block == 0;
-            // The inode, the attribute block, and the bitmap block that allocates it.
-            let tx = m.inode_cost(ino, 0)?.plus(TxSize::new(2, 0));
-            Ok((Need { tx, blocks: new_block as u64, inode: false }, entries))
+            // The inode, the attribute block, and the bitmap block that allocates it
+            // (or frees it, with a revoke).
+            let tx = m.inode_cost(ino, 0)?.plus(TxSize::new(2, 1));
+            Ok((Need { tx, blocks: new_block as u64, inode: false }, (entries, mode)))
         })?;
-        self.inner.mutate(&mut m, |m| m.set_xattrs(ino, entries))?;
+        self.inner.mutate(&mut m, |m| {
+            m.set_xattrs(ino, entries)?;
+            if let Some(mode) = mode {
+                m.update(ino, |n| {
+                    n.d.mode = mode;
+                    n.d.ctime = now();
+                })?;
+            }
+            Ok(())
+        })?;
         drop(m);
         self.inner.maybe_commit()
     }

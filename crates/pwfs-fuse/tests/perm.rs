@@ -1,0 +1,196 @@
+//! Permission rules through the kernel (issue 11): set-id bits cleared by an
+//! unprivileged writer in every kernel cache mode, set-group-ID directories, POSIX
+//! ACLs enforced by the kernel and inherited. Needs root and /dev/fuse; the ACL test
+//! also `setfacl`/`getfacl` (Debian package `acl`), and says so when they are missing.
+
+mod common;
+use common::{can_mount, mount_in};
+use pwfs::device::mem::MemDevice;
+use pwfs::{Config, Fs, MkfsOptions};
+use pwfs_fuse::{KernelCache, MountOptions};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+
+const NOBODY: u32 = 65534;
+
+fn fresh_fs() -> Fs {
+    let dev = Arc::new(MemDevice::new(64 << 20));
+    pwfs::mkfs(&*dev, &MkfsOptions::default()).unwrap();
+    Fs::mount(dev, Config { cache_bytes: 8 << 20, ..Default::default() }).unwrap()
+}
+
+/// Run a shell command as nobody (no supplementary groups, no capabilities): whether
+/// it succeeded, and what it printed on stderr.
+fn as_nobody(script: &str) -> (bool, String) {
+    let out = Command::new("/bin/sh").arg("-c").arg(script).uid(NOBODY).gid(NOBODY).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn sh(script: &str) -> String {
+    let out = Command::new("/bin/sh").arg("-c").arg(script).output().unwrap();
+    assert!(out.status.success(), "{script}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p).unwrap().mode() & 0o7777
+}
+
+fn chmod(p: &Path, mode: u32) {
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+#[test]
+fn unprivileged_writes_and_truncates_clear_set_id_bits_in_every_cache_mode() {
+    if !can_mount() {
+        return;
+    }
+    for cache in [KernelCache::Off, KernelCache::WriteThrough, KernelCache::WriteBack] {
+        let fs = fresh_fs();
+        let o = MountOptions { allow_other: true, kernel_cache: cache, ..Default::default() };
+        let (dir, mounted) = mount_in(&fs, &format!("setid-{cache:?}"), &o);
+        let p = |s: &str| dir.join(s);
+        // (initial mode, how it is changed, mode after) — ext4's answers.
+        let cases: [(&str, u32, &str, u32); 7] = [
+            ("suid", 0o4777, "append", 0o777),
+            ("sgid", 0o2777, "append", 0o777),
+            // S_ISGID without group execute marks mandatory locking: kept.
+            ("lock", 0o2767, "append", 0o2767),
+            ("both", 0o6777, "pwrite", 0o777),
+            ("trunc", 0o6777, "truncate", 0o777),
+            ("root", 0o6777, "root-append", 0o6777),
+            ("chown", 0o6777, "chown", 0o777),
+        ];
+        for (name, before, how, after) in cases {
+            let f = p(name);
+            std::fs::write(&f, b"data").unwrap();
+            chmod(&f, before);
+            assert_eq!(mode(&f), before);
+            let path = f.display();
+            match how {
+                "append" => assert!(as_nobody(&format!("echo x >> {path}")).0),
+                "pwrite" => {
+                    assert!(as_nobody(&format!("printf y | dd of={path} bs=1 seek=2 conv=notrunc 2>/dev/null")).0)
+                }
+                "truncate" => assert!(as_nobody(&format!("truncate -s 1 {path}")).0),
+                "root-append" => {
+                    sh(&format!("echo x >> {path}"));
+                }
+                "chown" => std::os::unix::fs::chown(&f, Some(1), Some(1)).unwrap(),
+                _ => unreachable!(),
+            }
+            assert_eq!(mode(&f), after, "{name} ({how}) with kernel cache {cache:?}: {:o}", mode(&f));
+        }
+        // What the engine holds agrees with what the kernel showed.
+        for (name, after) in [("suid", 0o777), ("lock", 0o2767), ("root", 0o6777)] {
+            let md = fs.metadata(format!("/{name}")).unwrap();
+            assert_eq!(md.mode & 0o7777, after, "{name} in the engine, kernel cache {cache:?}");
+        }
+        mounted.unmount().unwrap();
+        fs.unmount().unwrap();
+    }
+}
+
+#[test]
+fn set_group_id_directories_pass_on_their_group() {
+    if !can_mount() {
+        return;
+    }
+    let fs = fresh_fs();
+    let (dir, mounted) = mount_in(&fs, "sgid-dir", &MountOptions { allow_other: true, ..Default::default() });
+    let d = dir.join("d");
+    std::fs::create_dir(&d).unwrap();
+    std::os::unix::fs::chown(&d, None, Some(50)).unwrap();
+    chmod(&d, 0o2777);
+    let (ok, err) = as_nobody(&format!("umask 022; touch {0}/f && mkdir {0}/sub && touch {0}/sub/g", d.display()));
+    assert!(ok, "{err}");
+    let f = std::fs::metadata(d.join("f")).unwrap();
+    assert_eq!((f.uid(), f.gid(), f.mode() & 0o7777), (NOBODY, 50, 0o644));
+    let sub = std::fs::metadata(d.join("sub")).unwrap();
+    assert_eq!((sub.gid(), sub.mode() & 0o7777), (50, 0o2755), "a subdirectory is set-group-ID too");
+    assert_eq!(std::fs::metadata(d.join("sub/g")).unwrap().gid(), 50);
+    // Not in group 50: S_ISGID asked for at creation of a group-executable file is
+    // dropped; root keeps it.
+    let create = |name: &str| {
+        format!(
+            "umask 0; perl -MFcntl -e 'sysopen(F, $ARGV[0], O_CREAT|O_WRONLY, 02755) or die $!' {}/{name}",
+            d.display()
+        )
+    };
+    let (ok, err) = as_nobody(&create("y"));
+    assert!(ok, "{err}");
+    assert_eq!(mode(&d.join("y")), 0o755, "created with 02755 by a non-member");
+    sh(&create("z"));
+    assert_eq!(mode(&d.join("z")), 0o2755, "created with 02755 by root");
+    mounted.unmount().unwrap();
+    fs.unmount().unwrap();
+}
+
+fn have(tool: &str) -> bool {
+    let found = Command::new(tool).arg("--version").output().is_ok();
+    if !found {
+        eprintln!("skipping: {tool} not installed (Debian package acl)");
+    }
+    found
+}
+
+#[test]
+fn posix_acls_are_enforced_kept_in_step_with_the_mode_and_inherited() {
+    if !can_mount() || !have("setfacl") || !have("getfacl") {
+        return;
+    }
+    let fs = fresh_fs();
+    let (dir, mounted) = mount_in(&fs, "acl", &MountOptions { allow_other: true, ..Default::default() });
+    let p = |s: &str| dir.join(s).display().to_string();
+
+    // An entry denying nobody what the mode grants everyone.
+    std::fs::write(p("f"), b"secret").unwrap();
+    chmod(dir.join("f").as_path(), 0o666);
+    assert!(as_nobody(&format!("cat {}", p("f"))).0);
+    sh(&format!("setfacl -m u:nobody:--- {}", p("f")));
+    let (ok, err) = as_nobody(&format!("cat {}", p("f")));
+    assert!(!ok && err.contains("Permission denied"), "nobody reads despite the ACL: {err}");
+    assert!(sh(&format!("getfacl -cp {}", p("f"))).contains("user:nobody:---"));
+    // An entry granting nobody what the mode does not.
+    std::fs::write(p("g"), b"shared").unwrap();
+    chmod(dir.join("g").as_path(), 0o600);
+    assert!(!as_nobody(&format!("cat {}", p("g"))).0);
+    sh(&format!("setfacl -m u:nobody:r {}", p("g")));
+    assert_eq!(mode(&dir.join("g")), 0o640, "the mask shows as the group bits");
+    let (ok, err) = as_nobody(&format!("cat {}", p("g")));
+    assert!(ok, "{err}");
+    // chmod moves the mask: group bits 0 deny nobody again.
+    chmod(dir.join("g").as_path(), 0o600);
+    assert!(sh(&format!("getfacl -cp {}", p("g"))).contains("mask::---"));
+    assert!(!as_nobody(&format!("cat {}", p("g"))).0);
+    // Malformed ACLs are refused.
+    let bad = std::ffi::CString::new(p("g")).unwrap();
+    let value = [2u8, 0, 0, 0, 1, 0, 7, 0, 255, 255, 255, 255];
+    // SAFETY: valid C strings and a buffer of the given length.
+    let r = unsafe {
+        libc::setxattr(bad.as_ptr(), c"system.posix_acl_access".as_ptr(), value.as_ptr().cast(), value.len(), 0)
+    };
+    assert_eq!((r, std::io::Error::last_os_error().raw_os_error()), (-1, Some(libc::EINVAL)));
+
+    // Default ACLs: inherited in place of the umask, and enforced on what inherits.
+    std::fs::create_dir(p("d")).unwrap();
+    chmod(dir.join("d").as_path(), 0o700);
+    sh(&format!("setfacl -m u:nobody:rwx,d:u:nobody:rwx {}", p("d")));
+    sh(&format!("umask 077; echo made > {0}/new; mkdir {0}/sub", p("d")));
+    let acl = sh(&format!("getfacl -cp {}/new", p("d")));
+    assert!(acl.contains("user:nobody:rwx"), "{acl}");
+    assert_eq!(mode(&dir.join("d/new")), 0o660, "the default ACL masks 0666; the umask does not apply");
+    let (ok, err) = as_nobody(&format!("echo more >> {}/new", p("d")));
+    assert!(ok, "the inherited entry lets nobody write: {err}");
+    let sub = sh(&format!("getfacl -cp {}/sub", p("d")));
+    assert!(sub.contains("default:user:nobody:rwx"), "{sub}");
+    assert_eq!(mode(&dir.join("d/sub")), 0o770);
+    // Without a default ACL the umask applies.
+    sh(&format!("umask 027; touch {}", p("plain")));
+    assert_eq!(mode(&dir.join("plain")), 0o640);
+    mounted.unmount().unwrap();
+    fs.unmount().unwrap();
+}
