@@ -73,13 +73,19 @@ pub fn parse_options(opts: &str, sloppy: bool, o: &mut MountOpts) -> Result<(), 
             ("nodev", None) => o.dev = false,
             ("exec", None) => flag(o, libc::MS_NOEXEC, false),
             ("noexec", None) => flag(o, libc::MS_NOEXEC, true),
-            ("atime", None) => flag(o, libc::MS_NOATIME, false),
-            ("noatime", None) => flag(o, libc::MS_NOATIME, true),
+            ("atime" | "relatime" | "strictatime", None) => {
+                o.atime = Some(true);
+                flag(o, libc::MS_NOATIME, false);
+                flag(o, libc::MS_RELATIME, item == "relatime");
+                flag(o, libc::MS_STRICTATIME, item == "strictatime");
+            }
+            ("noatime", None) => {
+                o.atime = Some(false);
+                flag(o, libc::MS_NOATIME, true);
+            }
             ("diratime", None) => flag(o, libc::MS_NODIRATIME, false),
             ("nodiratime", None) => flag(o, libc::MS_NODIRATIME, true),
-            ("relatime", None) => flag(o, libc::MS_RELATIME, true),
             ("norelatime", None) => flag(o, libc::MS_RELATIME, false),
-            ("strictatime", None) => flag(o, libc::MS_STRICTATIME, true),
             ("nostrictatime", None) => flag(o, libc::MS_STRICTATIME, false),
             ("lazytime", None) => flag(o, libc::MS_LAZYTIME, true),
             ("nolazytime", None) => flag(o, libc::MS_LAZYTIME, false),

@@ -74,6 +74,12 @@ enum Cmd {
         /// reads it first).
         #[arg(long, value_enum, default_value = "write-through")]
         kernel_cache: KernelCache,
+        /// Update access times on reads by the relatime rule (the mount shows relatime;
+        /// by default it shows noatime and reads never change a file's metadata). Reads
+        /// the kernel serves from its page cache do not reach Patchwork: exact access
+        /// times need --kernel-cache off.
+        #[arg(long)]
+        atime: bool,
         /// Mount options as mount(8) takes them, applied after the flags above:
         /// cache=SIZE, fetch=POLICY, kernel_cache=MODE, check, allow_other, fsname=NAME,
         /// ro/rw, suid/nosuid, dev/nodev, exec/noexec, noatime, ... (see README).
@@ -288,13 +294,26 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Mount { image, mountpoint, size, cache, daemon, allow_other, fetch, check, kernel_cache, options } => {
+        Cmd::Mount {
+            image,
+            mountpoint,
+            size,
+            cache,
+            daemon,
+            allow_other,
+            fetch,
+            check,
+            kernel_cache,
+            atime,
+            options,
+        } => {
             let mut opts = mount::MountOpts {
                 cache: Some(cache),
                 fetch: Some(fetch.into()),
                 kernel_cache: Some(kernel_cache.into()),
                 check,
                 allow_other,
+                atime: atime.then_some(true),
                 ..Default::default()
             };
             if let Some(o) = options {

@@ -78,6 +78,9 @@ pub struct MountOpts {
     pub flags: libc::c_ulong,
     /// `-o remount` (the mount helper only).
     pub remount: bool,
+    /// Access times on reads (`atime`, `relatime`, `strictatime`: the relatime rule);
+    /// `None` or `Some(false)`: noatime, shown in /proc/mounts.
+    pub atime: Option<bool>,
 }
 
 pub struct MountArgs {
@@ -117,10 +120,12 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
     // Named before the mount, while the mount point resolves without us.
     let (stats_path, sock_path) = (stats_file(mountpoint), socket_file(mountpoint));
     let check_on_mount = if o.check { pwfs::MountCheck::Always } else { pwfs::MountCheck::IfNotClean };
+    let atime = o.atime.unwrap_or(false);
     let config = Config {
         cache_bytes: o.cache.unwrap_or(DEFAULT_CACHE),
         fetch: o.fetch.unwrap_or(pwfs::FetchPolicy::AsyncBackground),
         check_on_mount,
+        atime,
         ..Default::default()
     };
     let fs = pwfs::mount_image(image, config).map_err(|e| format!("{}: {e}", image.display()))?;
@@ -147,7 +152,13 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
         fsname: Some(source),
         suid: o.suid,
         dev: o.dev,
-        flags: o.flags,
+        // The mount says what the engine does: noatime unless access times are on, then
+        // relatime (strictatime is kept as asked, and served by the relatime rule).
+        flags: if atime {
+            (o.flags & !libc::MS_NOATIME) | if o.flags & libc::MS_STRICTATIME == 0 { libc::MS_RELATIME } else { 0 }
+        } else {
+            o.flags | libc::MS_NOATIME
+        },
     };
     let mounted = pwfs_fuse::mount_with(fs.clone(), mountpoint, &options)
         .map_err(|e| format!("mount at {}: {e}", mountpoint.display()))?;

@@ -388,12 +388,29 @@ fn mount_8_fstab_remount_and_both_unmounts_leave_a_clean_image() {
     let (source, kind, opts) = mount_line(&mp).expect("mounted from fstab");
     assert_eq!((source.as_str(), kind.as_str()), ("pw-test", "fuse.pwfs"));
     assert!(opts.contains("nodev") && !opts.contains("nosuid"), "{opts}");
+    // Access times are not kept unless asked for, and the mount says so.
+    assert!(opts.split(',').any(|o| o == "noatime"), "{opts}");
     assert_eq!(std::fs::read(mp.join("b")).unwrap(), b"after remount");
     let (ok, out, err) = pwfs(&["umount", mp_s]);
     assert!(ok, "{out}{err}");
     assert!(!mounted(&mp));
     let (clean, report) = fsck(&img);
     assert!(clean && !report.contains("note:"), "right after pwfs umount: {report}");
+
+    // relatime: shown, and a read that reaches Patchwork moves a day-old access time.
+    let (ok, out) = run("mount", &["-t", "fuse.pwfs", img_s, mp_s, "-o", "relatime,kernel_cache=off"]);
+    assert!(ok, "{out}");
+    let opts = mount_line(&mp).expect("mounted").2;
+    assert!(opts.split(',').any(|o| o == "relatime"), "{opts}");
+    let f = std::fs::File::options().write(true).open(mp.join("b")).unwrap();
+    let day_old = std::time::SystemTime::now() - std::time::Duration::from_secs(2 * 86400);
+    f.set_times(std::fs::FileTimes::new().set_accessed(day_old).set_modified(day_old)).unwrap();
+    drop(f);
+    std::fs::read(mp.join("b")).unwrap();
+    let accessed = std::fs::metadata(mp.join("b")).unwrap().accessed().unwrap();
+    assert!(accessed > day_old + std::time::Duration::from_secs(86400), "the read left the access time");
+    let (ok, out, err) = pwfs(&["umount", mp_s]);
+    assert!(ok, "{out}{err}");
     std::fs::remove_dir_all(&d).unwrap();
 }
 

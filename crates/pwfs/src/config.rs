@@ -89,6 +89,10 @@ pub struct Config {
     pub readahead_pages: u64,
     /// Memory for non-blocking write patches; past it writes take the blocking path.
     pub patch_bytes: u64,
+    /// Update access times on reads by the relatime rule (when the access time is not
+    /// after the modification or change time, or a day old), except for files with the
+    /// noatime flag. Off (noatime) by default: a read then never dirties metadata.
+    pub atime: bool,
 }
 
 impl Default for Config {
@@ -106,6 +110,7 @@ impl Default for Config {
             check_on_mount: MountCheck::IfNotClean,
             readahead_pages: 256,
             patch_bytes: 64 << 20,
+            atime: false,
         }
     }
 }

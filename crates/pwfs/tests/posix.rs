@@ -368,3 +368,48 @@ fn immutable_and_append_only_flags_are_kept_and_enforced() {
     fs.unmount().unwrap();
     fsck_clean(&*dev);
 }
+
+#[test]
+fn access_times_follow_the_relatime_rule_when_asked_for() {
+    use pwfs::{SetAttr, TimeSet};
+    let dev = std::sync::Arc::new(pwfs::device::mem::MemDevice::new(32 * MIB));
+    pwfs::mkfs(&*dev, &pwfs::MkfsOptions::default()).unwrap();
+    let fs = pwfs::Fs::mount(dev.clone(), pwfs::Config { atime: true, ..test_config() }).unwrap();
+    fs.write_file("/f", b"data").unwrap();
+    let ino = fs.metadata("/f").unwrap().ino;
+    let old = pwfs::format::Timespec { sec: 1_000_000, nsec: 0 };
+    let past = SetAttr { atime: Some(TimeSet::At(old)), mtime: Some(TimeSet::At(old)), ..Default::default() };
+    fs.setattr(ino, &past).unwrap();
+    let mut buf = [0u8; 4];
+    // A day old: a read moves it.
+    fs.read(ino, 0, &mut buf).unwrap();
+    let a1 = fs.getattr(ino).unwrap().atime;
+    assert!(a1.sec > old.sec, "the read did not update a day-old access time");
+    // After the modification and the change time, and fresh: a read leaves it.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    fs.read(ino, 0, &mut buf).unwrap();
+    assert_eq!(fs.getattr(ino).unwrap().atime, a1, "relatime updated a fresh access time");
+    // A write makes it stale again.
+    fs.write(ino, 0, b"more", false).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    fs.read(ino, 0, &mut buf).unwrap();
+    let a2 = fs.getattr(ino).unwrap().atime;
+    assert!((a2.sec, a2.nsec) > (a1.sec, a1.nsec), "a read after a write did not update the access time");
+    // The noatime flag keeps it, and it is durable.
+    fs.setattr(ino, &past).unwrap();
+    fs.set_flags(ino, pwfs::fs::FS_NOATIME_FL).unwrap();
+    fs.read(ino, 0, &mut buf).unwrap();
+    assert_eq!(fs.getattr(ino).unwrap().atime, old);
+    fs.set_flags(ino, 0).unwrap();
+    fs.read(ino, 0, &mut buf).unwrap();
+    let a3 = fs.getattr(ino).unwrap().atime;
+    fs.unmount().unwrap();
+    let fs = pwfs::Fs::mount(dev.clone(), test_config()).unwrap();
+    assert_eq!(fs.getattr(ino).unwrap().atime, a3, "the access time is stored");
+    // Without Config::atime (the default, noatime) reads change nothing.
+    fs.setattr(ino, &past).unwrap();
+    fs.read(ino, 0, &mut buf).unwrap();
+    assert_eq!(fs.getattr(ino).unwrap().atime, old);
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}

@@ -978,6 +978,38 @@ impl Fs {
     /// or the inode's). A cached read takes no lock another reader of the file takes,
     /// but for a shard of the file's access lock.
     pub(crate) fn read_cell(&self, cell: &InodeCell, ra: &RaState, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let n = self.read_data(cell, ra, offset, buf)?;
+        if self.inner.config.atime {
+            self.touch_atime(cell);
+        }
+        Ok(n)
+    }
+
+    /// The relatime rule (Config::atime): the access time moves to now if it is not
+    /// after the modification or change time, or is a day old. Best effort: skipped on
+    /// a read-only file system, for noatime files, and when the running transaction
+    /// has no room left (a read never waits for a commit).
+    fn touch_atime(&self, cell: &InodeCell) {
+        if self.inner.check_writable().is_err() {
+            return;
+        }
+        let mut node = cell.lock();
+        if node.freed || node.d.flags & f::INODE_FLAG_NOATIME != 0 {
+            return;
+        }
+        let (t, a) = (now(), node.d.atime);
+        let key = |t: f::Timespec| (t.sec, t.nsec);
+        let stale = key(a) <= key(node.d.mtime) || key(a) <= key(node.d.ctime) || t.sec - a.sec >= 24 * 3600;
+        if !stale {
+            return;
+        }
+        node.d.atime = t;
+        if !node.register(&self.inner.tx, Some(self.inner.tx_room())) {
+            node.d.atime = a;
+        }
+    }
+
+    fn read_data(&self, cell: &InodeCell, ra: &RaState, offset: u64, buf: &mut [u8]) -> Result<usize> {
         let ino = cell.ino;
         let _g = cell.io.read();
         if cell.freed() {
