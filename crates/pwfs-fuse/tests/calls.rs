@@ -294,3 +294,30 @@ fn chattr_immutable_and_append_only_through_the_kernel() {
         assert!(r.is_clean(), "{cache:?}: {}", r.errors.join("\n"));
     }
 }
+
+#[test]
+fn extended_attributes_of_64_kib_through_the_kernel() {
+    if !can_mount() {
+        return;
+    }
+    let (dev, fs, dir, mounted) = fresh("xattr64k", KernelCache::WriteThrough);
+    let path = dir.join("f");
+    std::fs::write(&path, b"").unwrap();
+    let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+    let value: Vec<u8> = (0..65536u32).map(|i| (i % 253) as u8).collect();
+    for name in ["user.one", "user.two"] {
+        let n = CString::new(name).unwrap();
+        let r = unsafe { libc::setxattr(c.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+        assert_eq!(r, 0, "setxattr {name}: {}", std::io::Error::last_os_error());
+    }
+    let n = CString::new("user.two").unwrap();
+    let mut back = vec![0u8; 65536];
+    let got = unsafe { libc::getxattr(c.as_ptr(), n.as_ptr(), back.as_mut_ptr().cast(), back.len()) };
+    assert_eq!(got, 65536);
+    assert_eq!(back, value);
+    mounted.unmount().unwrap();
+    std::fs::remove_dir(&dir).unwrap();
+    fs.unmount().unwrap();
+    let r = pwfs::fsck::check(&*dev).unwrap();
+    assert!(r.is_clean(), "{}", r.errors.join("\n"));
+}

@@ -35,6 +35,8 @@ pub enum ErrorKind {
     NoDevice,
     /// An offset past the data (SEEK_DATA/SEEK_HOLE at or past the end of the file).
     NoSuchAddress,
+    /// E2BIG: an attribute value larger than the largest (64 KiB).
+    TooBig,
     /// EACCES: a default ACL on a non-directory.
     AccessDenied,
 }
@@ -82,6 +84,7 @@ impl Error {
             ErrorKind::NoDevice => libc::ENODEV,
             ErrorKind::NoSuchAddress => libc::ENXIO,
             ErrorKind::AccessDenied => libc::EACCES,
+            ErrorKind::TooBig => libc::E2BIG,
         }
     }
 }

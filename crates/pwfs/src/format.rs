@@ -673,6 +673,161 @@ impl XattrBlock {
     }
 }
 
+/// Extended attributes, current form: a head block (magic `XAT2`, crc, owner inode,
+/// entry count, number of continuation blocks, their block numbers, then the start of
+/// the entries) and continuation blocks (magic `XATC`, crc, owner inode, index, then
+/// more of the entries). Entries: name length u8, value length u32, name, value; sorted
+/// by name. Images of the first form (one `XATB` block) are read as they are and
+/// rewritten in this form at their next change.
+pub const XATTR2_MAGIC: u32 = 0x5841_5432; // "XAT2"
+pub const XATTR_CONT_MAGIC: u32 = 0x5841_5443; // "XATC"
+/// Blocks one inode's attributes may take: 256 KiB, so that several values of the
+/// largest size fit.
+pub const XATTR_BLOCKS_MAX: usize = 64;
+/// The largest value (Linux's XATTR_SIZE_MAX).
+pub const XATTR_VALUE_MAX: usize = 65536;
+
+pub type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// What an inode's first attribute block says.
+#[derive(Debug, PartialEq, Eq)]
+pub enum XattrHead {
+    /// The first form: all of them, in this block.
+    Legacy(Xattrs),
+    /// The current form: the entry count, the continuation blocks, and the head's part
+    /// of the entries.
+    Chained { count: u32, conts: Vec<u64>, part: Vec<u8> },
+}
+
+fn xattr_stream(entries: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(entries.iter().map(|(n, v)| 5 + n.len() + v.len()).sum());
+    for (n, v) in entries {
+        out.push(n.len() as u8);
+        out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+        out.extend_from_slice(n);
+        out.extend_from_slice(v);
+    }
+    out
+}
+
+/// Blocks `entries` take (head included), or None past XATTR_BLOCKS_MAX.
+pub fn xattr_blocks_for(entries: &[(Vec<u8>, Vec<u8>)]) -> Option<usize> {
+    let len = entries.iter().map(|(n, v)| 5 + n.len() + v.len()).sum::<usize>();
+    let room = |conts: usize| (BLOCK_SIZE - XATTR_HEADER - 8 * conts) + conts * (BLOCK_SIZE - XATTR_HEADER);
+    (0..XATTR_BLOCKS_MAX).find(|k| room(*k) >= len).map(|k| k + 1)
+}
+
+/// The blocks of `entries` of inode `ino`, to be written at `blocks` (head first; as
+/// many as `xattr_blocks_for` says).
+pub fn xattr_encode(ino: u64, entries: &[(Vec<u8>, Vec<u8>)], blocks: &[u64]) -> Vec<Vec<u8>> {
+    assert_eq!(Some(blocks.len()), xattr_blocks_for(entries));
+    let stream = xattr_stream(entries);
+    let conts = &blocks[1..];
+    let mut out = Vec::with_capacity(blocks.len());
+    let mut head = vec![0u8; BLOCK_SIZE];
+    put32(&mut head, 0, XATTR2_MAGIC);
+    put64(&mut head, 8, ino);
+    put32(&mut head, 16, entries.len() as u32);
+    put32(&mut head, 20, conts.len() as u32);
+    let mut at = XATTR_HEADER;
+    for c in conts {
+        put64(&mut head, at, *c);
+        at += 8;
+    }
+    let first = (BLOCK_SIZE - at).min(stream.len());
+    head[at..at + first].copy_from_slice(&stream[..first]);
+    let crc = crc_skip(&head, 4, 0);
+    put32(&mut head, 4, crc);
+    out.push(head);
+    for (i, chunk) in stream[first..].chunks(BLOCK_SIZE - XATTR_HEADER).enumerate() {
+        let mut b = vec![0u8; BLOCK_SIZE];
+        put32(&mut b, 0, XATTR_CONT_MAGIC);
+        put64(&mut b, 8, ino);
+        put32(&mut b, 16, i as u32 + 1);
+        b[XATTR_HEADER..XATTR_HEADER + chunk.len()].copy_from_slice(chunk);
+        let crc = crc_skip(&b, 4, 0);
+        put32(&mut b, 4, crc);
+        out.push(b);
+    }
+    // A stream that ends exactly at a block's end leaves no empty continuation out.
+    while out.len() < blocks.len() {
+        let mut b = vec![0u8; BLOCK_SIZE];
+        put32(&mut b, 0, XATTR_CONT_MAGIC);
+        put64(&mut b, 8, ino);
+        put32(&mut b, 16, out.len() as u32);
+        let crc = crc_skip(&b, 4, 0);
+        put32(&mut b, 4, crc);
+        out.push(b);
+    }
+    out
+}
+
+/// Decode an inode's first attribute block (either form), checking it belongs to `ino`.
+pub fn xattr_decode_head(b: &[u8], ino: u64) -> R<XattrHead> {
+    need_block(b, "xattr block")?;
+    if u32_at(b, 0) == XATTR_MAGIC {
+        let x = XattrBlock::decode(b)?;
+        if x.ino != ino {
+            return Err(FormatError::Invalid { what: "xattr block of another inode" });
+        }
+        return Ok(XattrHead::Legacy(x.entries));
+    }
+    if u32_at(b, 0) != XATTR2_MAGIC {
+        return Err(FormatError::Magic { what: "xattr block" });
+    }
+    if u32_at(b, 4) != crc_skip(b, 4, 0) {
+        return Err(FormatError::Checksum { what: "xattr block" });
+    }
+    if u64_at(b, 8) != ino {
+        return Err(FormatError::Invalid { what: "xattr block of another inode" });
+    }
+    let n = u32_at(b, 20) as usize;
+    if n >= XATTR_BLOCKS_MAX {
+        return Err(FormatError::Invalid { what: "xattr continuation count" });
+    }
+    let conts = (0..n).map(|i| u64_at(b, XATTR_HEADER + 8 * i)).collect();
+    let part = b[XATTR_HEADER + 8 * n..].to_vec();
+    Ok(XattrHead::Chained { count: u32_at(b, 16), conts, part })
+}
+
+/// The entries part of continuation block number `index` (from 1) of inode `ino`.
+pub fn xattr_decode_cont(b: &[u8], ino: u64, index: usize) -> R<&[u8]> {
+    need_block(b, "xattr continuation block")?;
+    if u32_at(b, 0) != XATTR_CONT_MAGIC {
+        return Err(FormatError::Magic { what: "xattr continuation block" });
+    }
+    if u32_at(b, 4) != crc_skip(b, 4, 0) {
+        return Err(FormatError::Checksum { what: "xattr continuation block" });
+    }
+    if u64_at(b, 8) != ino || u32_at(b, 16) as usize != index {
+        return Err(FormatError::Invalid { what: "xattr continuation block out of place" });
+    }
+    Ok(&b[XATTR_HEADER..])
+}
+
+/// Parse `count` entries from the concatenated parts (trailing zeros are padding).
+pub fn xattr_parse(stream: &[u8], count: u32) -> R<Xattrs> {
+    let mut entries: Xattrs = Vec::new();
+    let mut at = 0;
+    for _ in 0..count {
+        if at + 5 > stream.len() {
+            return Err(FormatError::Invalid { what: "xattr entries" });
+        }
+        let nl = stream[at] as usize;
+        let vl = u32::from_le_bytes(stream[at + 1..at + 5].try_into().expect("4 bytes")) as usize;
+        if nl == 0 || vl > XATTR_VALUE_MAX || at + 5 + nl + vl > stream.len() {
+            return Err(FormatError::Invalid { what: "xattr entry" });
+        }
+        let (name, value) = (&stream[at + 5..at + 5 + nl], &stream[at + 5 + nl..at + 5 + nl + vl]);
+        if entries.last().is_some_and(|(last, _)| last.as_slice() >= name) {
+            return Err(FormatError::Invalid { what: "xattr names out of order" });
+        }
+        entries.push((name.to_vec(), value.to_vec()));
+        at += 5 + nl + vl;
+    }
+    Ok(entries)
+}
+
 // ---------------------------------------------------------------- journal
 
 /// Journal header: the sequence number of the first transaction to replay.
@@ -788,6 +943,42 @@ impl JournalCommit {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn xattr_sets_round_trip_across_blocks() {
+        // A stream that fills the head exactly (9-byte names: 5 + 9 + 4058 = 4072), one
+        // that needs one byte of a continuation, three values of the largest size, and
+        // many small ones.
+        for sizes in [vec![1usize], vec![4058], vec![4059], vec![65536, 65536, 10], vec![100; 300]] {
+            let entries: Xattrs = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (format!("user.{i:04}").into_bytes(), vec![i as u8; *n]))
+                .collect();
+            let k = xattr_blocks_for(&entries).unwrap();
+            let blocks: Vec<u64> = (100..100 + k as u64).collect();
+            let images = xattr_encode(7, &entries, &blocks);
+            assert_eq!(images.len(), k);
+            let XattrHead::Chained { count, conts, part } = xattr_decode_head(&images[0], 7).unwrap() else {
+                panic!("not the current form")
+            };
+            assert_eq!(conts, blocks[1..]);
+            let mut stream = part;
+            for (i, b) in images.iter().enumerate().skip(1) {
+                stream.extend_from_slice(xattr_decode_cont(b, 7, i).unwrap());
+            }
+            assert_eq!(xattr_parse(&stream, count).unwrap(), entries, "{sizes:?}");
+            assert!(xattr_decode_head(&images[0], 8).is_err(), "another inode's");
+        }
+        assert_eq!(xattr_blocks_for(&[(b"user.0000".to_vec(), vec![0; 4058])]), Some(1));
+        assert_eq!(xattr_blocks_for(&[(b"user.0000".to_vec(), vec![0; 4059])]), Some(2));
+        let too_many: Xattrs = (0..5).map(|i| (vec![b'a' + i], vec![0; 65536])).collect();
+        assert_eq!(xattr_blocks_for(&too_many), None);
+        // The first form still reads.
+        let mut b = vec![0; BLOCK_SIZE];
+        XattrBlock { ino: 7, entries: vec![(b"user.a".to_vec(), b"1".to_vec())] }.encode(&mut b);
+        assert_eq!(xattr_decode_head(&b, 7).unwrap(), XattrHead::Legacy(vec![(b"user.a".to_vec(), b"1".to_vec())]));
+    }
     use super::*;
     use proptest::prelude::*;
 
@@ -926,6 +1117,9 @@ mod tests {
                 let _ = JournalCommit::decode(b);
                 let _ = bitmap_check(b, flip);
                 let _ = XattrBlock::decode(b);
+                let _ = xattr_decode_head(b, flip);
+                let _ = xattr_decode_cont(b, flip, (flip % 70) as usize);
+                let _ = xattr_parse(b, (flip % 300) as u32);
                 if b.len() >= INODE_SIZE {
                     let _ = DiskInode::decode(flip, &b[..INODE_SIZE]);
                 }

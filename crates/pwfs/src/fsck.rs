@@ -477,6 +477,43 @@ pub fn check_with_progress(dev: &dyn Device, progress: &mut dyn FnMut(u64, u64))
     Ok(r)
 }
 
+/// Check the extended attributes of `ino` whose first block is `head`: each block
+/// belongs to it and is where it should be, and the entries parse. Claims the blocks and
+/// returns how many there are.
+fn check_xattrs(rd: &Reader<'_>, claims: &mut Claims<'_>, r: &mut Report, ino: u64, head: u64) -> u64 {
+    let err = push_error;
+    claims.claim(r, ino, head, 1, "xattr");
+    let decoded = rd.read(head).map_err(|e| e.to_string()).and_then(|b| {
+        let h = f::xattr_decode_head(&b, ino).map_err(|e| e.to_string())?;
+        Ok(h)
+    });
+    match decoded {
+        Ok(f::XattrHead::Legacy(_)) => 1,
+        Ok(f::XattrHead::Chained { count, conts, part }) => {
+            let mut stream = part;
+            for (i, c) in conts.iter().enumerate() {
+                claims.claim(r, ino, *c, 1, "xattr");
+                match rd
+                    .read(*c)
+                    .map_err(|e| e.to_string())
+                    .and_then(|b| f::xattr_decode_cont(&b, ino, i + 1).map(|p| p.to_vec()).map_err(|e| e.to_string()))
+                {
+                    Ok(p) => stream.extend_from_slice(&p),
+                    Err(e) => err(r, format!("inode {ino}: xattr block {c}: {e}")),
+                }
+            }
+            if let Err(e) = f::xattr_parse(&stream, count) {
+                err(r, format!("inode {ino}: extended attributes: {e}"));
+            }
+            1 + conts.len() as u64
+        }
+        Err(e) => {
+            err(r, format!("inode {ino}: xattr block: {e}"));
+            1
+        }
+    }
+}
+
 /// Check one in-use inode: its extent chain, attribute block, extents, sizes; claim
 /// its blocks. Returns it with its extents sorted.
 fn check_inode(rd: &Reader<'_>, claims: &mut Claims<'_>, r: &mut Report, ino: u64, d: DiskInode) -> Node {
@@ -508,17 +545,7 @@ fn check_inode(rd: &Reader<'_>, claims: &mut Claims<'_>, r: &mut Report, ino: u6
         }
     }
     if d.xattr_block != 0 {
-        chain += 1;
-        claims.claim(r, ino, d.xattr_block, 1, "xattr");
-        match rd
-            .read(d.xattr_block)
-            .map_err(|e| e.to_string())
-            .and_then(|b| f::XattrBlock::decode(&b).map_err(|e| e.to_string()))
-        {
-            Ok(x) if x.ino == ino => {}
-            Ok(x) => err(r, format!("inode {ino}: xattr block belongs to inode {}", x.ino)),
-            Err(e) => err(r, format!("inode {ino}: xattr block: {e}")),
-        }
+        chain += check_xattrs(rd, claims, r, ino, d.xattr_block);
     }
     if d.flags & f::INODE_FLAG_INLINE == 0 && extents.len() != d.n_extents as usize {
         err(r, format!("inode {ino}: {} extents found, {} recorded", extents.len(), d.n_extents));

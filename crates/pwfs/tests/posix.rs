@@ -246,7 +246,7 @@ fn extended_attributes() {
     assert_eq!(errno(fs.setxattr(ino, b"user.q", b"2", false, true)), libc::ENODATA);
     assert_eq!(errno(fs.setxattr(ino, b"other.a", b"2", false, false)), libc::EOPNOTSUPP);
     assert_eq!(errno(fs.setxattr(ino, b"user.", b"2", false, false)), libc::EOPNOTSUPP);
-    assert_eq!(errno(fs.setxattr(ino, b"user.c", &[0u8; 3000], false, false)), libc::ENOSPC, "one block per inode");
+    assert_eq!(errno(fs.setxattr(ino, b"user.c", &[0u8; 65537], false, false)), libc::E2BIG, "at most 64 KiB");
     assert!(fs.getattr(ino).unwrap().blocks > blocks, "the attribute block is counted");
     fs.unmount().unwrap();
     fsck_clean(&*dev);
@@ -410,6 +410,47 @@ fn access_times_follow_the_relatime_rule_when_asked_for() {
     fs.setattr(ino, &past).unwrap();
     fs.read(ino, 0, &mut buf).unwrap();
     assert_eq!(fs.getattr(ino).unwrap().atime, old);
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}
+
+#[test]
+fn extended_attributes_up_to_64_kib_each_and_many_per_inode() {
+    let (dev, fs) = mem_fs(32 * MIB);
+    fs.write_file("/x", b"").unwrap();
+    let ino = fs.metadata("/x").unwrap().ino;
+    let free = fs.statfs().blocks_free;
+    let big = |i: u8| (0..65536u32).map(|k| (k as u8) ^ i).collect::<Vec<u8>>();
+    for i in 0..3u8 {
+        fs.setxattr(ino, format!("user.big{i}").as_bytes(), &big(i), false, false).unwrap();
+    }
+    for i in 0..200u32 {
+        fs.setxattr(ino, format!("user.small{i:03}").as_bytes(), &i.to_le_bytes(), false, false).unwrap();
+    }
+    assert_eq!(errno(fs.setxattr(ino, b"user.huge", &vec![0u8; 65537], false, false)), libc::E2BIG);
+    let md = fs.getattr(ino).unwrap();
+    assert!(md.blocks >= 48 * 8, "{} sectors for ~200 KiB of attributes", md.blocks);
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+    let fs = pwfs::Fs::mount(dev.clone(), test_config()).unwrap();
+    for i in 0..3u8 {
+        assert_eq!(fs.getxattr(ino, format!("user.big{i}").as_bytes()).unwrap(), big(i));
+    }
+    assert_eq!(fs.getxattr(ino, b"user.small123").unwrap(), 123u32.to_le_bytes());
+    assert_eq!(fs.listxattr(ino).unwrap().len(), 203);
+    // More than an inode may hold: ENOSPC, nothing changed.
+    assert_eq!(errno(fs.setxattr(ino, b"user.big3", &big(3), false, false)), libc::ENOSPC);
+    assert_eq!(fs.listxattr(ino).unwrap().len(), 203);
+    // Shrinking frees the blocks again.
+    for i in 0..3u8 {
+        fs.removexattr(ino, format!("user.big{i}").as_bytes()).unwrap();
+    }
+    for i in 0..200u32 {
+        fs.removexattr(ino, format!("user.small{i:03}").as_bytes()).unwrap();
+    }
+    fs.sync().unwrap();
+    assert_eq!(fs.statfs().blocks_free, free, "every attribute block is free again");
+    fs.setxattr(ino, b"user.again", b"1", false, false).unwrap();
     fs.unmount().unwrap();
     fsck_clean(&*dev);
 }

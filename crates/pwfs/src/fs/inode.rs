@@ -43,6 +43,8 @@ pub struct Inode {
     pub extents: BTreeMap<u32, Run>,
     /// Blocks of the on-disk extent chain, in order.
     pub chain: Vec<u64>,
+    /// Blocks its extended attributes take (0 without any).
+    pub xattr_blocks: u64,
     /// Pages with space reserved for delayed allocation (written, not yet mapped).
     pub reserved: BTreeSet<u64>,
     /// Pages written into unwritten blocks, not yet written back: write-back marks

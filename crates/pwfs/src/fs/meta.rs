@@ -212,7 +212,7 @@ impl Meta {
         let node = self.inode(ino)?;
         let spans = self.unmap_cost(&node, 0);
         let journaled = node.is_dir() || node.kind() == f::S_IFLNK;
-        let meta_blocks = node.chain.len() as u64 + (node.d.xattr_block != 0) as u64;
+        let meta_blocks = node.chain.len() as u64 + node.xattr_blocks;
         let revokes = meta_blocks + if journaled { node.data_blocks() } else { 0 };
         // Table block, inode bitmap block, block bitmap blocks.
         Ok(TxSize::new(2 + (spans + meta_blocks).min(bitmap), revokes))
@@ -462,6 +462,13 @@ impl Meta {
             }
             node.extents.insert(e.logical, Run { len: e.len, phys: e.physical, unwritten: e.unwritten });
         }
+        // The attribute blocks are what the block count holds beyond data and chain.
+        let x = node.d.blocks.checked_sub(node.data_blocks() + node.chain.len() as u64);
+        node.xattr_blocks = match (x, node.d.xattr_block) {
+            (Some(0), 0) => 0,
+            (Some(n), b) if b != 0 && (1..=f::XATTR_BLOCKS_MAX as u64).contains(&n) => n,
+            _ => return Err(Error::corrupt(format!("inode {ino}: block count {} does not add up", node.d.blocks))),
+        };
         Ok(node)
     }
 
@@ -519,7 +526,7 @@ impl Meta {
         if node.d.flags & f::INODE_FLAG_INLINE == 0 {
             node.d.extents = extents[..extents.len().min(f::INLINE_EXTENTS)].to_vec();
         }
-        node.d.blocks = node.data_blocks() + node.chain.len() as u64 + (node.d.xattr_block != 0) as u64;
+        node.d.blocks = node.data_blocks() + node.chain.len() as u64 + node.xattr_blocks;
         let (blk, off) = self.inode_slot(ino);
         let b = self.modify(blk)?;
         node.d.encode(ino, &mut b[off..off + f::INODE_SIZE]);
@@ -588,8 +595,8 @@ impl Meta {
         for b in &node.chain {
             self.free_blocks(*b, 1, true)?;
         }
-        if node.d.xattr_block != 0 {
-            self.free_blocks(node.d.xattr_block, 1, true)?;
+        for b in self.xattr_block_list(ino, node.d.xattr_block)? {
+            self.free_blocks(b, 1, true)?;
         }
         self.add_reserved(-(node.reserved.len() as i64));
         let (blk, off) = self.inode_slot(ino);
@@ -733,41 +740,93 @@ impl Meta {
         self.dir(dir, |idx| idx.names.is_empty())
     }
 
-    /// The extended attributes of `ino` (sorted by name).
-    pub fn xattrs(&mut self, ino: u64) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        let b = self.inode(ino)?.d.xattr_block;
-        if b == 0 {
+    /// The blocks holding the extended attributes whose head is `head` (0: none):
+    /// the head, then its continuation blocks.
+    fn xattr_block_list(&mut self, ino: u64, head: u64) -> Result<Vec<u64>> {
+        if head == 0 {
             return Ok(Vec::new());
         }
-        if b < self.sb.data_start || b >= self.sb.data_end {
-            return Err(Error::corrupt(format!("inode {ino}: xattr block {b} outside the data area")));
+        let (start, end) = (self.sb.data_start, self.sb.data_end);
+        let in_data = |b: u64| b >= start && b < end;
+        if !in_data(head) {
+            return Err(Error::corrupt(format!("inode {ino}: xattr block {head} outside the data area")));
         }
-        let x = f::XattrBlock::decode(self.block(b)?)?;
-        if x.ino != ino {
-            return Err(Error::corrupt(format!("inode {ino}: xattr block {b} belongs to inode {}", x.ino)));
+        let mut list = vec![head];
+        if let f::XattrHead::Chained { conts, .. } = f::xattr_decode_head(self.block(head)?, ino)? {
+            if let Some(b) = conts.iter().find(|b| !in_data(**b)) {
+                return Err(Error::corrupt(format!("inode {ino}: xattr block {b} outside the data area")));
+            }
+            list.extend(conts);
         }
-        Ok(x.entries)
+        Ok(list)
     }
 
-    /// Replace the extended attributes of `ino` (the caller checked they fit a block).
-    pub fn set_xattrs(&mut self, ino: u64, entries: Vec<(Vec<u8>, Vec<u8>)>) -> Result<()> {
-        let old = self.inode(ino)?.d.xattr_block;
-        if entries.is_empty() {
-            if old != 0 {
-                self.free_blocks(old, 1, true)?;
-                self.inode(ino)?.d.xattr_block = 0;
-            }
-        } else {
-            let b = if old != 0 { old } else { self.alloc_meta()? };
-            let x = f::XattrBlock { ino, entries };
-            if old != 0 {
-                x.encode(self.modify(b)?);
-            } else {
-                x.encode(self.fresh(b));
-            }
-            self.inode(ino)?.d.xattr_block = b;
+    /// The extended attributes of `ino` (sorted by name).
+    pub fn xattrs(&mut self, ino: u64) -> Result<f::Xattrs> {
+        let head = self.inode(ino)?.d.xattr_block;
+        if head == 0 {
+            return Ok(Vec::new());
         }
-        self.update(ino, |n| n.d.ctime = now())
+        let list = self.xattr_block_list(ino, head)?;
+        match f::xattr_decode_head(self.block(head)?, ino)? {
+            f::XattrHead::Legacy(entries) => Ok(entries),
+            f::XattrHead::Chained { count, part, .. } => {
+                let mut stream = part;
+                for (i, b) in list.iter().enumerate().skip(1) {
+                    stream.extend_from_slice(f::xattr_decode_cont(self.block(*b)?, ino, i)?);
+                }
+                Ok(f::xattr_parse(&stream, count)?)
+            }
+        }
+    }
+
+    /// What replacing the extended attributes of `ino` with `entries` adds to the
+    /// running transaction: the inode, every block written, the bitmap blocks of those
+    /// allocated or freed, and a revoke for each freed one. ENOSPC if they do not fit
+    /// the blocks an inode may use for them.
+    pub fn xattr_cost(&mut self, ino: u64, entries: &[(Vec<u8>, Vec<u8>)]) -> Result<(TxSize, u64)> {
+        let new = match entries.is_empty() {
+            true => 0,
+            false => f::xattr_blocks_for(entries)
+                .ok_or_else(|| Error::no_space("no room for more extended attributes on this inode"))?
+                as u64,
+        };
+        let old = self.inode(ino)?.xattr_blocks;
+        let changed = new.abs_diff(old);
+        let bitmaps = changed.min(self.sb.block_bitmap_blocks);
+        let tx = self.inode_cost(ino, 0)?.plus(TxSize::new(new + bitmaps, old.saturating_sub(new)));
+        Ok((tx, new.saturating_sub(old)))
+    }
+
+    /// Replace the extended attributes of `ino` (the caller checked they fit with
+    /// `xattr_cost`). Their blocks are reused in order, more allocated or the rest freed.
+    pub fn set_xattrs(&mut self, ino: u64, entries: f::Xattrs) -> Result<()> {
+        let head = self.inode(ino)?.d.xattr_block;
+        let mut old = self.xattr_block_list(ino, head)?;
+        let n = match entries.is_empty() {
+            true => 0,
+            false => f::xattr_blocks_for(&entries).ok_or_else(|| Error::no_space("extended attributes too large"))?,
+        };
+        let mut blocks: Vec<(u64, bool)> = old.iter().take(n).map(|b| (*b, false)).collect();
+        while blocks.len() < n {
+            blocks.push((self.alloc_meta()?, true));
+        }
+        for b in old.drain(n.min(old.len())..) {
+            self.free_blocks(b, 1, true)?;
+        }
+        if n > 0 {
+            let at: Vec<u64> = blocks.iter().map(|(b, _)| *b).collect();
+            for ((b, fresh), image) in blocks.iter().zip(f::xattr_encode(ino, &entries, &at)) {
+                let buf = if *fresh { self.fresh(*b) } else { self.modify(*b)? };
+                buf.copy_from_slice(&image);
+            }
+        }
+        let first = blocks.first().map(|(b, _)| *b).unwrap_or(0);
+        self.update(ino, |node| {
+            node.d.xattr_block = first;
+            node.xattr_blocks = n as u64;
+            node.d.ctime = now();
+        })
     }
 
     /// Symlink target or other small journaled payload stored in one block.

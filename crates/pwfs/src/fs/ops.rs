@@ -58,10 +58,7 @@ pub(crate) fn attr(ino: u64, node: &Inode) -> Metadata {
         nlink: d.nlink,
         size: d.size,
         // Blocks written but not yet allocated (delayed allocation) count, as on ext4.
-        blocks: (node.data_blocks()
-            + node.chain.len() as u64
-            + (d.xattr_block != 0) as u64
-            + node.reserved.len() as u64)
+        blocks: (node.data_blocks() + node.chain.len() as u64 + node.xattr_blocks + node.reserved.len() as u64)
             * (BLOCK / 512),
         atime: d.atime,
         mtime: d.mtime,
@@ -706,7 +703,8 @@ impl Fs {
                     let mut entries = m.xattrs(ino)?;
                     match entries.iter().position(|(n, _)| n == perm::ACL_ACCESS) {
                         Some(i) => {
-                            tx = tx.plus(TxSize::new(1, 0));
+                            // The same size again (only the mask changes): the same blocks.
+                            tx = tx.plus(TxSize::new(m.inode(ino)?.xattr_blocks, 0));
                             let acl = Acl::decode(&entries[i].1)?;
                             Some((entries.remove(i).0, acl, entries))
                         }
@@ -830,8 +828,8 @@ impl Fs {
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], create: bool, replace: bool) -> Result<()> {
         self.inner.check_writable()?;
         Self::check_xattr_name(name)?;
-        if value.len() > u16::MAX as usize {
-            return Err(Error::new(crate::ErrorKind::Range, "attribute value too large"));
+        if value.len() > f::XATTR_VALUE_MAX {
+            return Err(Error::new(crate::ErrorKind::TooBig, "attribute value larger than 64 KiB"));
         }
         let is_acl = name == perm::ACL_ACCESS || name == perm::ACL_DEFAULT;
         let acl = if is_acl { Some(Acl::decode(value)?) } else { None };
@@ -867,14 +865,8 @@ impl Fs {
                     }
                 }
             }
-            if f::XattrBlock::used(&entries) > BLOCK_SIZE {
-                return Err(Error::no_space("no room for more extended attributes on this inode"));
-            }
-            let new_block = m.inode(ino)?.d.xattr_block == 0;
-            // The inode, the attribute block, and the bitmap block that allocates it
-            // (or frees it, with a revoke).
-            let tx = m.inode_cost(ino, 0)?.plus(TxSize::new(2, 1));
-            Ok((Need { tx, blocks: new_block as u64, inode: false }, (entries, mode)))
+            let (tx, blocks) = m.xattr_cost(ino, &entries)?;
+            Ok((Need { tx, blocks, inode: false }, (entries, mode)))
         })?;
         self.inner.mutate(&mut m, |m| {
             m.set_xattrs(ino, entries)?;
@@ -900,9 +892,7 @@ impl Fs {
                 .binary_search_by(|(n, _)| n.as_slice().cmp(name))
                 .map_err(|_| Error::new(crate::ErrorKind::NoData, ""))?;
             entries.remove(i);
-            // The inode, the attribute block or, when it goes, its bitmap block and
-            // revoke.
-            let tx = m.inode_cost(ino, 0)?.plus(TxSize::new(1, 1));
+            let (tx, _) = m.xattr_cost(ino, &entries)?;
             Ok((Need::tx(tx), entries))
         })?;
         self.inner.mutate(&mut m, |m| m.set_xattrs(ino, entries))?;
