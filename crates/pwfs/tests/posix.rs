@@ -454,3 +454,42 @@ fn extended_attributes_up_to_64_kib_each_and_many_per_inode() {
     fs.unmount().unwrap();
     fsck_clean(&*dev);
 }
+
+#[test]
+fn tmpfiles_have_no_name_until_linked_and_vanish_otherwise() {
+    use pwfs::Creator;
+    let (dev, fs) = mem_fs(32 * MIB);
+    let who = Creator::new(0, 0);
+    let inodes = fs.statfs().inodes_free;
+    // Linked: it gets a name, keeps its data, and the directory never listed it before.
+    let t = fs.tmpfile(1, 0o640, &who, true).unwrap();
+    assert_eq!((t.nlink, t.mode & 0o7777), (0, 0o640));
+    assert!(fs.read_dir("/").unwrap().iter().all(|e| e.ino != t.ino));
+    fs.write(t.ino, 0, b"staged", false).unwrap();
+    fs.link(t.ino, 1, b"published").unwrap();
+    fs.release_ino(t.ino);
+    assert_eq!(fs.read_file("/published").unwrap(), b"staged");
+    assert_eq!(fs.metadata("/published").unwrap().nlink, 1);
+    // Not linked: freed at its last release.
+    let u = fs.tmpfile(1, 0o600, &who, true).unwrap();
+    fs.write(u.ino, 0, &[1u8; 10_000], false).unwrap();
+    fs.release_ino(u.ino);
+    fs.sync().unwrap();
+    assert_eq!(fs.statfs().inodes_free, inodes - 1, "only the published file holds an inode");
+    // O_EXCL: never linkable.
+    let x = fs.tmpfile(1, 0o600, &who, false).unwrap();
+    assert_eq!(errno(fs.link(x.ino, 1, b"nope")), libc::ENOENT);
+    // A crash while it is open: the next mount frees it.
+    fs.write(x.ino, 0, b"lost", false).unwrap();
+    fs.sync().unwrap();
+    let image = dev.snapshot();
+    fs.release_ino(x.ino);
+    fs.unmount().unwrap();
+    let crashed = std::sync::Arc::new(pwfs::device::mem::MemDevice::from_vec(image));
+    let fs = pwfs::Fs::mount(crashed.clone(), test_config()).unwrap();
+    assert_eq!(fs.statfs().inodes_free, inodes - 1, "the open tmpfile was freed at mount");
+    assert_eq!(fs.read_file("/published").unwrap(), b"staged");
+    fs.unmount().unwrap();
+    fsck_clean(&*crashed);
+    fsck_clean(&*dev);
+}

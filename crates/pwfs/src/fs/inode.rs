@@ -61,6 +61,8 @@ pub struct Inode {
     pub data_meta_dirty: bool,
     /// Freed: a holder of its cell finds it gone.
     pub freed: bool,
+    /// An O_TMPFILE file not opened with O_EXCL: `link` may give it its first name.
+    pub linkable: bool,
     /// What its extent chain was counted as when it last registered.
     pub chain_counted: TxSize,
 }

@@ -278,6 +278,53 @@ impl Fs {
         self.make(parent, name, NewNode { mode: mode & (f::S_IFMT | 0o7777), who, rdev, target: None })
     }
 
+    /// open(2) with O_TMPFILE: a regular file in `parent`'s file system with no name,
+    /// returned open (`release_ino` closes it). It is freed at its last release, or at
+    /// the next mount after a crash, unless `link` gives it a name first, which it may
+    /// unless `linkable` is false (O_EXCL). Mode and group follow the same rules as a
+    /// create in `parent`.
+    pub fn tmpfile(&self, parent: u64, mode: u32, who: &Creator, linkable: bool) -> Result<Metadata> {
+        self.inner.check_writable()?;
+        let mode = f::S_IFREG | (mode & 0o7777);
+        let (mut m, (mode, gid, xattrs)) = self.inner.admitted(|m| {
+            let (dir_mode, dir_gid) = {
+                let p = m.inode(parent)?;
+                if !p.is_dir() {
+                    return Err(Error::not_dir(""));
+                }
+                if p.d.nlink == 0 {
+                    return Err(Error::not_found("directory was removed"));
+                }
+                deny_immutable(&p)?;
+                (p.d.mode, p.d.gid)
+            };
+            let (mode, gid, xattrs) = Self::new_mode(m, parent, dir_mode, dir_gid, mode, who)?;
+            // The new inode and its bitmap block, an inherited ACL's block and its bitmap block.
+            let extra = !xattrs.is_empty() as u64;
+            Ok((Need { tx: TxSize::new(2 + 2 * extra, 0), blocks: extra, inode: true }, (mode, gid, xattrs)))
+        })?;
+        let cell = InodeCell::blank(mode);
+        let ino = self.inner.mutate(&mut m, |m| {
+            let tx = m.tx.clone();
+            let ino = m.new_inode(cell, who.uid, gid)?;
+            let mut node = m.inode(ino)?;
+            node.d.nlink = 0;
+            node.linkable = linkable;
+            node.register(&tx, None);
+            drop(node);
+            if !xattrs.is_empty() {
+                m.set_xattrs(ino, xattrs)?;
+            }
+            // Open before the metadata lock goes: nothing frees it until it is released.
+            m.cell(ino)?.opens.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            Ok(ino)
+        })?;
+        let md = attr(ino, &*m.inode(ino)?);
+        drop(m);
+        self.inner.maybe_commit()?;
+        Ok(md)
+    }
+
     pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, who: &Creator) -> Result<Metadata> {
         self.make(parent, name, NewNode { mode: f::S_IFDIR | (mode & 0o7777), who, rdev: 0, target: None })
     }
@@ -321,7 +368,7 @@ impl Fs {
             if node.d.nlink >= LINK_MAX {
                 return Err(Error::too_many_links(""));
             }
-            if node.d.nlink == 0 {
+            if node.d.nlink == 0 && !node.linkable {
                 return Err(Error::not_found("file was removed"));
             }
             deny_change(&node)?;
@@ -336,6 +383,7 @@ impl Fs {
             let t = now();
             m.update(ino, |node| {
                 node.d.nlink += 1;
+                node.linkable = false;
                 node.d.ctime = t;
             })?;
             m.update(parent, |p| {
