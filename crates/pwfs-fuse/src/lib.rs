@@ -837,6 +837,25 @@ impl Filesystem for PwFuse {
             Err(e) => reply.error(errno(e)),
         }
     }
+
+    /// open(2) with O_TMPFILE: a file with no name, open; `linkat` names it (`link`),
+    /// unless it was opened O_EXCL.
+    fn tmpfile(&self, req: &Request, parent: INodeNo, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
+        let linkable = flags & libc::O_EXCL == 0;
+        match self.fs.tmpfile(parent.0, mode, &creator(req, mode, umask), linkable) {
+            Ok(m) => {
+                self.remember(m.ino);
+                reply.created(
+                    &TTL,
+                    &attr(&m),
+                    Generation(m.generation as u64),
+                    FileHandle(0),
+                    self.open_flags(flags, true),
+                )
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
 }
 
 /// The flags argument of the ioctl thread `tid` is blocked in: its third syscall

@@ -321,3 +321,38 @@ fn extended_attributes_of_64_kib_through_the_kernel() {
     let r = pwfs::fsck::check(&*dev).unwrap();
     assert!(r.is_clean(), "{}", r.errors.join("\n"));
 }
+
+/// open(O_TMPFILE) and linkat: a nameless file, named later; an O_EXCL one never.
+#[test]
+fn o_tmpfile_and_linkat_through_the_kernel() {
+    if !can_mount() {
+        return;
+    }
+    for cache in MODES {
+        let (dev, fs, dir, mounted) = fresh("tmpfile", cache);
+        let d = CString::new(dir.as_os_str().as_bytes()).unwrap();
+        let fd = unsafe { libc::open(d.as_ptr(), libc::O_TMPFILE | libc::O_RDWR, 0o640) };
+        assert!(fd >= 0, "{cache:?}: open(O_TMPFILE): {}", std::io::Error::last_os_error());
+        let data = b"written before it had a name";
+        assert_eq!(unsafe { libc::write(fd, data.as_ptr().cast(), data.len()) }, data.len() as isize);
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "{cache:?}: no name yet");
+        let name = CString::new(dir.join("named").as_os_str().as_bytes()).unwrap();
+        let empty = CString::new("").unwrap();
+        let r = unsafe { libc::linkat(fd, empty.as_ptr(), libc::AT_FDCWD, name.as_ptr(), libc::AT_EMPTY_PATH) };
+        assert_eq!(r, 0, "{cache:?}: linkat: {}", std::io::Error::last_os_error());
+        unsafe { libc::close(fd) };
+        assert_eq!(std::fs::read(dir.join("named")).unwrap(), data);
+        // O_EXCL: linkat refuses it (the kernel checks I_LINKABLE itself, or we do).
+        let fd = unsafe { libc::open(d.as_ptr(), libc::O_TMPFILE | libc::O_RDWR | libc::O_EXCL, 0o600) };
+        assert!(fd >= 0);
+        let other = CString::new(dir.join("other").as_os_str().as_bytes()).unwrap();
+        let r = unsafe { libc::linkat(fd, empty.as_ptr(), libc::AT_FDCWD, other.as_ptr(), libc::AT_EMPTY_PATH) };
+        assert_eq!(r, -1, "{cache:?}: an O_EXCL tmpfile was linked");
+        unsafe { libc::close(fd) };
+        mounted.unmount().unwrap();
+        std::fs::remove_dir(&dir).unwrap();
+        fs.unmount().unwrap();
+        let r = pwfs::fsck::check(&*dev).unwrap();
+        assert!(r.is_clean(), "{cache:?}: {}", r.errors.join("\n"));
+    }
+}
