@@ -297,12 +297,24 @@ fn preallocated_blocks_never_show_old_contents_after_a_crash() {
     // Unsynced: may or may not survive, never as anything but these bytes or zeros.
     f.write_at(&[0x66u8; 4096], 4096 * 40).unwrap();
     f.allocate(PUNCH | KEEP, 4096 * 12, 4096).unwrap();
+    f.allocate(ZERO | KEEP, 4096 * 50, 4096 * 4).unwrap();
     drop(f);
     fs.sync().unwrap();
+    // Collapse and insert move the block map in one transaction each: a second file,
+    // 8 blocks each stamped with its index, loses blocks 2..4 and gains a hole at 1.
+    let g = open_rw(&fs, "/moved");
+    for k in 0..8u8 {
+        g.write_at(&[0x10 + k; 4096], k as u64 * 4096).unwrap();
+    }
+    g.sync_all().unwrap();
+    g.allocate(COLLAPSE, 2 * 4096, 2 * 4096).unwrap();
+    g.allocate(INSERT, 4096, 4096).unwrap();
+    g.sync_all().unwrap();
+    drop(g);
     let log = dev.log();
     let synced_at = log.len();
     drop(fs);
-    for (i, point) in (0..=synced_at).step_by((synced_at / 40).max(1)).chain([synced_at]).enumerate() {
+    for (i, point) in (0..=synced_at).step_by((synced_at / 60).max(1)).chain([synced_at]).enumerate() {
         let img = crash_image(&base, &log, point, i as u64);
         let (dev, fs) = sim_fs(img, Default::default(), test_config());
         fsck_clean(&*dev);
@@ -317,6 +329,24 @@ fn preallocated_blocks_never_show_old_contents_after_a_crash() {
         if point == synced_at {
             let got = fs.read_file("/new").unwrap();
             assert!(got[4096 * 10..4096 * 12].iter().all(|b| *b == 0x55), "fdatasync'd data lost");
+        }
+        // /moved is one of its synced states: before the collapse, after it, or after
+        // the insert, never a mix.
+        if let Ok(got) = fs.read_file("/moved") {
+            let stamps: Vec<u8> = got.chunks(4096).map(|c| c[0]).collect();
+            let states: [&[u8]; 3] = [
+                &[0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17],
+                &[0x10, 0x11, 0x14, 0x15, 0x16, 0x17],
+                &[0x10, 0, 0x11, 0x14, 0x15, 0x16, 0x17],
+            ];
+            let whole = got.chunks(4096).all(|c| c.iter().all(|b| *b == c[0]));
+            assert!(
+                whole && (states.contains(&stamps.as_slice()) || stamps.is_empty()),
+                "crash point {point}: /moved holds {stamps:x?}"
+            );
+            if point == log.len() {
+                assert_eq!(stamps, states[2], "the synced collapse and insert");
+            }
         }
         fs.unmount().unwrap();
         fsck_clean(&*dev);
