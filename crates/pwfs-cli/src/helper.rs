@@ -61,6 +61,10 @@ pub fn parse_options(opts: &str, sloppy: bool, o: &mut MountOpts) -> Result<(), 
                 })
             }
             ("check", None) => o.check = true,
+            ("threads", Some(v)) => match v.parse::<usize>() {
+                Ok(n) if (1..=1024).contains(&n) => o.threads = Some(n),
+                _ => return Err(format!("threads={v}: expected a number of threads from 1 to 1024")),
+            },
             ("allow_other", None) => o.allow_other = true,
             ("fsname", Some(v)) if !v.is_empty() => o.fsname = Some(v.to_string()),
             ("subtype", Some("pwfs")) => {}
@@ -102,7 +106,7 @@ pub fn parse_options(opts: &str, sloppy: bool, o: &mut MountOpts) -> Result<(), 
             _ if sloppy => {}
             _ => {
                 return Err(format!(
-                    "unknown mount option {item:?} (pwfs takes cache=SIZE, fetch=POLICY, kernel_cache=MODE, \
+                    "unknown mount option {item:?} (pwfs takes cache=SIZE, fetch=POLICY, kernel_cache=MODE, threads=N, \
                      check, allow_other, fsname=NAME, and ro/rw, suid/nosuid, dev/nodev, exec/noexec, \
                      the atime options, sync/async, dirsync)"
                 ))

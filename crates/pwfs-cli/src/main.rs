@@ -81,7 +81,7 @@ enum Cmd {
         #[arg(long)]
         atime: bool,
         /// Mount options as mount(8) takes them, applied after the flags above:
-        /// cache=SIZE, fetch=POLICY, kernel_cache=MODE, check, allow_other, fsname=NAME,
+        /// cache=SIZE, fetch=POLICY, kernel_cache=MODE, threads=N, check, allow_other, fsname=NAME,
         /// ro/rw, suid/nosuid, dev/nodev, exec/noexec, noatime, ... (see README).
         #[arg(short = 'o', long = "options")]
         options: Option<String>,

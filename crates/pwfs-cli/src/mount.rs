@@ -78,6 +78,8 @@ pub struct MountOpts {
     pub flags: libc::c_ulong,
     /// `-o remount` (the mount helper only).
     pub remount: bool,
+    /// Threads serving requests (`threads=N`; default `pwfs_fuse::default_threads`).
+    pub threads: Option<usize>,
     /// Access times on reads (`atime`, `relatime`, `strictatime`: the relatime rule);
     /// `None` or `Some(false)`: noatime, shown in /proc/mounts.
     pub atime: Option<bool>,
@@ -152,6 +154,7 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
         fsname: Some(source),
         suid: o.suid,
         dev: o.dev,
+        threads: o.threads,
         // The mount says what the engine does: noatime unless access times are on, then
         // relatime (strictatime is kept as asked, and served by the relatime rule).
         flags: if atime {

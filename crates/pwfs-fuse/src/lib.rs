@@ -82,6 +82,8 @@ pub struct MountOptions {
     /// `MS_RELATIME`, `MS_STRICTATIME`, `MS_SYNCHRONOUS`, `MS_DIRSYNC`, `MS_LAZYTIME`.
     /// `MS_RDONLY` also turns the engine read-only (`Fs::set_read_only`).
     pub flags: libc::c_ulong,
+    /// Threads serving requests (`None`: `default_threads`).
+    pub threads: Option<usize>,
 }
 
 /// The file system type in /proc/mounts: mount(8) runs `mount.fuse.pwfs` for it.
@@ -983,6 +985,20 @@ pub fn can_mount() -> bool {
     root && std::path::Path::new("/dev/fuse").exists()
 }
 
+/// Serving threads when the mount options do not say: four per CPU, at least 16. A
+/// serving thread waits while its request waits — for the device (a cold read), for a
+/// commit (fsync), for write-back (throttled writes) — and fsyncs share a commit only if
+/// they are in the engine together, so threads beyond the CPUs are what lets a busy
+/// mount overlap its waits. `pwfs bench fuse --quick`, 2 CPUs, ratios to ext4 in each
+/// run (2 / 8 / 16 threads): varmail-like 0.33 / 0.51 / 0.65, fileserver-like 0.70 /
+/// 0.78 / 0.91, untar 0.93 / 0.89 / 0.71 of ext4's time (docs/BENCHMARKS.md). (An older
+/// measurement, before lookups left the metadata lock, had untar slower at 4 threads
+/// than at 2.)
+pub fn default_threads() -> usize {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+    (4 * cpus).max(16)
+}
+
 /// Serve `fs` at `mountpoint` on background threads, with the default options.
 pub fn mount(fs: Fs, mountpoint: &Path, allow_other: bool) -> std::io::Result<Mounted> {
     mount_with(fs, mountpoint, &MountOptions { allow_other, ..Default::default() })
@@ -990,10 +1006,7 @@ pub fn mount(fs: Fs, mountpoint: &Path, allow_other: bool) -> std::io::Result<Mo
 
 /// Serve `fs` at `mountpoint` on background threads.
 pub fn mount_with(fs: Fs, mountpoint: &Path, o: &MountOptions) -> std::io::Result<Mounted> {
-    // One serving thread per CPU (at least two): measured on 2 CPUs, untar of
-    // /usr/include took 7.8 s with 1 thread, 2.4 s with 2 and 3.3 s with 4.
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).max(2);
-    let config = options(o.allow_other, threads);
+    let config = options(o.allow_other, o.threads.unwrap_or_else(default_threads));
     let read_only = o.flags & libc::MS_RDONLY != 0;
     if read_only {
         fs.set_read_only(true).map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;

@@ -366,17 +366,23 @@ impl PageCache {
     /// Returns the pages dropped (the caller settles their patch accounting). Only the
     /// shards that can hold those pages are visited: a small file's are one.
     pub fn drop_from(&self, ino: u64, from: u64, end: u64) -> Vec<Arc<Page>> {
-        self.drop_range(ino, from, end)
+        self.drop_keys(ino, from, end, u64::MAX)
     }
 
     /// Drop the pages of `ino` in `from..to`, dirty or not (punch hole, zero, collapse
-    /// and insert range); returns them.
+    /// and insert range); returns them. Pages at or past the inode's `pages_end` are
+    /// never there: `to` may be capped at it.
     pub fn drop_range(&self, ino: u64, from: u64, to: u64) -> Vec<Arc<Page>> {
+        self.drop_keys(ino, from, to, to)
+    }
+
+    /// Drop the pages with keys in `from..to` from the shards that hold pages
+    /// `from..end` of `ino`.
+    fn drop_keys(&self, ino: u64, from: u64, end: u64, to: u64) -> Vec<Arc<Page>> {
         let mut dropped = Vec::new();
-        if from >= to {
+        if from >= end {
             return dropped;
         }
-        let end = to;
         let groups = (end - 1) / (1 << GROUP_SHIFT) - from / (1 << GROUP_SHIFT) + 1;
         let visit: Vec<usize> = if groups >= self.shards.len() as u64 {
             (0..self.shards.len()).collect()
@@ -391,6 +397,7 @@ impl PageCache {
         for shard in visit.into_iter().map(|i| &self.shards[i]) {
             let mut m = shard.map.lock();
             let keys: Vec<Key> = m.pages.range((ino, from)..(ino, to)).map(|(k, _)| *k).collect();
+            // (With `to` u64::MAX, the last page index is never used: indexes stay below 2^32.)
             for k in keys {
                 dropped.extend(m.pages.remove(&k));
                 if m.dirty.remove(&k) {
