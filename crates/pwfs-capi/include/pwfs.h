@@ -111,8 +111,9 @@ int pwfs_mkfs(const char *image,
  lazy` (how partial writes of uncached pages get their page), `ro`, `check` (run
  the full check first) or `nocheck`, `atime` (relatime updates; default noatime),
  `commit=SECONDS` (background commit interval, default 5; 0: only sync, fsync and
- unmount commit). Returns the handle, or NULL with `*err` set (EINVAL for an
- unknown option).
+ unmount commit). Returns the handle, or NULL with `*err` set: EINVAL for an
+ unknown option, the host's errno when the image cannot be reached (ENOENT...), EIO
+ for any other failure to open it.
  */
 struct pwfs_fs *pwfs_mount(const char *image,
                            size_t image_len,

@@ -337,8 +337,9 @@ pub unsafe extern "C" fn pwfs_mkfs(
 /// lazy` (how partial writes of uncached pages get their page), `ro`, `check` (run
 /// the full check first) or `nocheck`, `atime` (relatime updates; default noatime),
 /// `commit=SECONDS` (background commit interval, default 5; 0: only sync, fsync and
-/// unmount commit). Returns the handle, or NULL with `*err` set (EINVAL for an
-/// unknown option).
+/// unmount commit). Returns the handle, or NULL with `*err` set: EINVAL for an
+/// unknown option, the host's errno when the image cannot be reached (ENOENT...), EIO
+/// for any other failure to open it.
 #[no_mangle]
 pub unsafe extern "C" fn pwfs_mount(
     image: *const c_char,
@@ -351,6 +352,9 @@ pub unsafe extern "C" fn pwfs_mount(
         // SAFETY: the caller's pointers and lengths (contract).
         let (image, opts) = unsafe { (host_path(image, image_len)?, bytes(options as *const c_void, options_len)?) };
         let config = mount_config(opts)?;
+        // The engine reports any failure to open the device as EIO; a missing or
+        // forbidden image is worth its own errno.
+        std::fs::metadata(image).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
         let fs = engine::mount_image(image, config).map_err(errno)?;
         Ok(Box::into_raw(Box::new(pwfs_fs { fs, open: Arc::new(AtomicUsize::new(0)) })))
     })

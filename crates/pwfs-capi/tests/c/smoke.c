@@ -70,6 +70,7 @@ int main(int argc, char **argv) {
 
     CHECK(pwfs_mkfs(P(image), 64 << 20, P(""), &err) == 0 && err == 0);
     CHECK(pwfs_mount(P(image), P("cache=bogus"), &err) == NULL && err == EINVAL);
+    CHECK(pwfs_mount(P("/nonexistent/pwfs.img"), P(""), &err) == NULL && err == ENOENT);
     struct pwfs_fs *fs = pwfs_mount(P(image), P("cache=16M,fetch=async-bg"), &err);
     CHECK(fs != NULL && err == 0);
     /* The image is locked while mounted. */
