@@ -101,7 +101,7 @@ impl Default for Config {
             cache_bytes: 256 << 20,
             dirty_ratio: 0.5,
             writeback_interval: Some(Duration::from_secs(5)),
-            fetch: FetchPolicy::AsyncForeground,
+            fetch: FetchPolicy::AsyncBackground,
             lock: LockMode::Inode,
             io_path: IoPath::Buffered,
             stack: Stack::Sync,
