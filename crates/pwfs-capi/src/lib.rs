@@ -637,6 +637,16 @@ pub unsafe extern "C" fn pwfs_open(
     call(err, std::ptr::null_mut(), || {
         // SAFETY: the caller's handle, pointers and lengths (contract).
         let (h, p) = unsafe { (handle(fs)?, self::path(path, path_len)?) };
+        // O_DIRECTORY is checked before anything happens to the file (O_TRUNC), as
+        // Linux refuses it at lookup.
+        if flags & libc::O_DIRECTORY != 0 {
+            match h.fs.metadata(p) {
+                Ok(m) if !m.is_dir() => return Err(libc::ENOTDIR),
+                Ok(_) => {}
+                Err(e) if e.errno() == libc::ENOENT && flags & libc::O_CREAT != 0 => {}
+                Err(e) => return Err(e.errno()),
+            }
+        }
         let file = open_options(flags, mode)?.open(&h.fs, p).map_err(errno)?;
         if flags & libc::O_DIRECTORY != 0 && !file.metadata().map_err(errno)?.is_dir() {
             return Err(libc::ENOTDIR);

@@ -212,7 +212,11 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
             // Only our own mount: if someone unmounted it already, what is mounted there
             // now (or what was under it) is not ours to remove.
             Ok(Event::Signal) => match unmounter.unmount() {
-                Ok(_) => {}
+                Ok(true) => {}
+                Ok(false) => eprintln!(
+                    "pwfs: {} is no longer this daemon's mount (moved or unmounted); not unmounting it",
+                    mountpoint.display()
+                ),
                 Err(e) => eprintln!(
                     "pwfs: cannot unmount {}: {e}; retrying when the next signal arrives",
                     mountpoint.display()
@@ -227,9 +231,11 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
     }
     drop(control);
     let _ = std::fs::remove_file(&stats_path);
-    served.map_err(|e| format!("serving {}: {e}", mountpoint.display()))?;
+    // Flushed even when serving ended with an error: what was acknowledged is written.
     let down = fs.is_down();
-    fs.unmount().map_err(|e| format!("flushing {} at unmount: {e}", image.display()))?;
+    let flushed = fs.unmount().map_err(|e| format!("flushing {} at unmount: {e}", image.display()));
+    served.map_err(|e| format!("serving {}: {e}", mountpoint.display()))?;
+    flushed?;
     if down {
         eprintln!("pwfs: {} unmounted after a shutdown; the image is as a power cut left it", mountpoint.display());
     } else {

@@ -99,8 +99,6 @@ pub const XFS_IOC_GOINGDOWN: u32 = 0x8004_587d;
 /// 28 bytes, of which Patchwork keeps the flags word).
 const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
 const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
-const FS_IOC32_GETFLAGS: u32 = 0x8004_6601;
-const FS_IOC32_SETFLAGS: u32 = 0x4004_6602;
 const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
 const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
 /// FS_XFLAG_IMMUTABLE, FS_XFLAG_APPEND, FS_XFLAG_NOATIME and their FS_*_FL.
@@ -143,6 +141,21 @@ impl PwFuse {
             }
             Err(e) => reply.error(errno(e)),
         }
+    }
+
+    /// fileattr_set_prepare's rule: the owner (or root) may set flags, and changing
+    /// immutable or append-only takes CAP_LINUX_IMMUTABLE.
+    fn may_set_flags(&self, req: &Request, ino: u64, flags: u32) -> Result<(), Errno> {
+        let owner = self.fs.getattr(ino).map_err(errno)?.uid;
+        if req.uid() != 0 && req.uid() != owner {
+            return Err(Errno::EPERM);
+        }
+        let guarded = pwfs::fs::FS_IMMUTABLE_FL | pwfs::fs::FS_APPEND_FL;
+        let old = self.fs.get_flags(ino).map_err(errno)?;
+        if (old ^ flags) & guarded != 0 && !linux_immutable(req.pid()) {
+            return Err(Errno::EPERM);
+        }
+        Ok(())
     }
 
     fn remember(&self, ino: u64) {
@@ -265,6 +278,18 @@ fn groups_and_fsetid(pid: u32) -> (Vec<u32>, bool) {
     let caps = field("CapEff:").and_then(|c| u64::from_str_radix(c, 16).ok()).unwrap_or(0);
     const CAP_FSETID: u64 = 4;
     (groups.unwrap_or_default(), caps & (1 << CAP_FSETID) != 0)
+}
+
+/// Whether process `pid` has capability number `cap` in effect (/proc/PID/status).
+fn has_cap(pid: u32, cap: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return false };
+    let caps = status.lines().find_map(|l| l.strip_prefix("CapEff:")).map(str::trim);
+    caps.and_then(|c| u64::from_str_radix(c, 16).ok()).is_some_and(|c| c & (1 << cap) != 0)
+}
+
+/// CAP_LINUX_IMMUTABLE (9).
+fn linux_immutable(pid: u32) -> bool {
+    has_cap(pid, 9)
 }
 
 fn empty(reply: ReplyEmpty, r: pwfs::Result<()>) {
@@ -477,22 +502,42 @@ impl Filesystem for PwFuse {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        // In write-through mode (the default), no open and release requests at all (the
+        // kernel's no_open, as FUSE_NO_OPEN_SUPPORT): it then opens files with
+        // FOPEN_KEEP_CACHE, which is what they get here anyway, and sends no RELEASE. An
+        // open file stays alive after its last unlink all the same: the kernel holds a
+        // lookup reference to its inode while any file is open on it, and each lookup
+        // reference holds the engine's inode (`remember`) until the kernel forgets it.
+        // What is lost: an open for writing of an immutable or append-only file is
+        // refused at its first write (EPERM, which reaches the writer in this mode)
+        // rather than at open. In write-back mode a refused write would surface only at
+        // write-back, so opens are still checked there; with direct I/O each open needs
+        // its FOPEN_DIRECT_IO. webproxy-like (open, read, close of small files): see
+        // docs/BENCHMARKS.md.
+        if self.cache == KernelCache::WriteThrough {
+            return reply.error(Errno::ENOSYS);
+        }
         // O_TRUNC never arrives here: without FUSE_ATOMIC_O_TRUNC the kernel checks write
         // access (ETXTBSY) first and then truncates with a setattr.
         // may_open's rule for chattr flags, which the kernel does not know here: no
         // write access to an immutable file, and to an append-only one only with O_APPEND.
+        let mut open_flags = self.open_flags(flags.0, false);
         if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
             match self.fs.get_flags(ino.0) {
                 Ok(f) if f & pwfs::fs::FS_IMMUTABLE_FL != 0 => return reply.error(Errno::EPERM),
                 Ok(f) if f & pwfs::fs::FS_APPEND_FL != 0 && flags.0 & libc::O_APPEND == 0 => {
                     return reply.error(Errno::EPERM)
                 }
+                // The kernel's write-back cache would send an append as a write of its
+                // whole page (below the end of the file), which an append-only file
+                // refuses: such files are written through, as they are made.
+                Ok(f) if f & pwfs::fs::FS_APPEND_FL != 0 => open_flags |= FopenFlags::FOPEN_DIRECT_IO,
                 Ok(_) => {}
                 Err(e) => return reply.error(errno(e)),
             }
         }
         match self.fs.open_ino(ino.0) {
-            Ok(_) => reply.opened(FileHandle(0), self.open_flags(flags.0, false)),
+            Ok(_) => reply.opened(FileHandle(0), open_flags),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -749,18 +794,22 @@ impl Filesystem for PwFuse {
         reply: fuser::ReplyIoctl,
     ) {
         match cmd {
-            FS_IOC_GETFLAGS | FS_IOC32_GETFLAGS => {
+            FS_IOC_GETFLAGS => {
                 return match self.fs.get_flags(ino.0) {
                     Ok(f) => reply.ioctl(0, &f.to_ne_bytes()),
                     Err(e) => reply.error(errno(e)),
                 };
             }
-            FS_IOC_SETFLAGS | FS_IOC32_SETFLAGS => {
-                // The kernel has checked the caller's right to these flags
-                // (fileattr_set_prepare: CAP_LINUX_IMMUTABLE, owner) and passes them in.
+            FS_IOC_SETFLAGS => {
+                // The kernel checks the caller's right to these flags (fileattr_set_prepare)
+                // before it sends FS_IOC_SETFLAGS; checked here again, since a raw ioctl with
+                // another encoding of the command could arrive unchecked.
                 let Some(f) = in_data.get(..4).map(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes"))) else {
                     return reply.error(Errno::EINVAL);
                 };
+                if let Err(e) = self.may_set_flags(req, ino.0, f) {
+                    return reply.error(e);
+                }
                 // Nothing is copied back (the kernel asks for no output).
                 return match self.fs.set_flags(ino.0, f) {
                     Ok(()) => reply.ioctl(0, &[]),
@@ -781,7 +830,13 @@ impl Filesystem for PwFuse {
                 let Some(x) = in_data.get(..4).map(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes"))) else {
                     return reply.error(Errno::EINVAL);
                 };
-                let r = flags_of_xflags(x).and_then(|f| self.fs.set_flags(ino.0, f));
+                let r = match flags_of_xflags(x) {
+                    Ok(f) => match self.may_set_flags(req, ino.0, f) {
+                        Ok(()) => self.fs.set_flags(ino.0, f),
+                        Err(e) => return reply.error(e),
+                    },
+                    Err(e) => Err(e),
+                };
                 return match r {
                     Ok(()) => reply.ioctl(0, &[]),
                     Err(e) => reply.error(errno(e)),
@@ -790,7 +845,8 @@ impl Filesystem for PwFuse {
             XFS_IOC_GOINGDOWN => {}
             _ => return reply.error(Errno::from_i32(libc::ENOTTY)),
         }
-        if req.uid() != 0 {
+        // XFS's rule: CAP_SYS_ADMIN (bit 21), not merely uid 0.
+        if req.uid() != 0 || !has_cap(req.pid(), 21) {
             return reply.error(Errno::EPERM);
         }
         let flags = match caller_ioctl_arg(req.pid(), cmd) {
@@ -801,13 +857,18 @@ impl Filesystem for PwFuse {
             }
         };
         let Some(mode) = pwfs::GoingDown::from_flags(flags) else { return reply.error(Errno::EINVAL) };
-        if let Err(e) = self.fs.go_down(mode) {
-            // Down all the same; the flush before it failed.
-            eprintln!("pwfs: flush before the shutdown failed: {e}");
-        }
+        let flushed = self.fs.go_down(mode);
         eprintln!("pwfs: shut down by XFS_IOC_GOINGDOWN ({mode:?}); every operation fails with EIO now");
-        // Nothing copied back: the caller's flags stay as they were.
-        reply.ioctl(0, &[]);
+        match flushed {
+            // Nothing copied back: the caller's flags stay as they were.
+            Ok(()) => reply.ioctl(0, &[]),
+            // Down all the same, but the flush asked for before it failed: the caller
+            // must not believe the log reached the disk.
+            Err(e) => {
+                eprintln!("pwfs: flush before the shutdown failed: {e}");
+                reply.error(Errno::EIO)
+            }
+        }
         self.forget_kernel_caches();
     }
 

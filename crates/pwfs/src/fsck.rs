@@ -563,6 +563,9 @@ fn check_inode(rd: &Reader<'_>, claims: &mut Claims<'_>, r: &mut Report, ino: u6
         if (e.logical as u64) < prev_end {
             err(r, format!("inode {ino}: overlapping extents at file block {}", e.logical));
         }
+        if e.end() > f::MAX_FILE_SIZE / BLOCK {
+            err(r, format!("inode {ino}: extent at file block {} reaches past the largest file", e.logical));
+        }
         if e.unwritten && kind != f::S_IFREG {
             err(r, format!("inode {ino}: unwritten extent in a file that is not regular"));
         }

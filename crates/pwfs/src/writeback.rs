@@ -249,7 +249,7 @@ impl FsInner {
             if let Some(b) = node.map(lblk) {
                 // An unwritten block is written from now on: in the transaction that
                 // this write-back precedes (as for a new allocation).
-                if node.set_written(lblk, lblk + 1, false) {
+                if node.is_unwritten(lblk) && node.set_written(lblk, lblk + 1, false) {
                     node.data_meta_dirty = true;
                     node.register(&tx, None);
                 }

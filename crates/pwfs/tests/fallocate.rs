@@ -271,6 +271,13 @@ fn fallocate_errors_are_linux_errors() {
     assert_eq!(errno(fs.fallocate(d, 0, 0, 1)), libc::EISDIR);
     let fifo = fs.mknod(1, b"fifo", 0o010644, 0, &pwfs::Creator::new(0, 0)).unwrap().ino;
     assert_eq!(errno(fs.fallocate(fifo, 0, 0, 1)), libc::ENODEV);
+    // Insert range may not move blocks preallocated past the end out of the largest
+    // file (their block numbers would wrap onto the file's first blocks).
+    let max = pwfs::format::MAX_FILE_SIZE;
+    f.allocate(KEEP, max - 4096, 4096).unwrap();
+    assert_eq!(errno(f.allocate(INSERT, 4096, 4096)), libc::EFBIG, "insert past the largest file");
+    assert_eq!(fs.read_file("/f").unwrap(), vec![1u8; 10 * 4096], "nothing moved");
+    f.set_len(10 * 4096).unwrap();
     // A preallocation larger than the free space: ENOSPC, and the file system goes on.
     assert_eq!(errno(f.allocate(0, 0, 64 * MIB)), libc::ENOSPC);
     f.write_at(&[2u8; 4096], 0).unwrap();

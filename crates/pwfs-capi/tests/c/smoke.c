@@ -109,6 +109,9 @@ int main(int argc, char **argv) {
     CHECK(pwfs_open(fs, P("/docs/missing"), O_RDONLY, 0, &err) == NULL && err == ENOENT);
     CHECK(pwfs_open(fs, P("/docs"), O_RDWR, 0, &err) == NULL && err == EISDIR);
     CHECK(pwfs_open(fs, P("/docs/a.txt"), O_RDONLY | O_DIRECTORY, 0, &err) == NULL && err == ENOTDIR);
+    /* ... and before O_TRUNC could touch the file. */
+    CHECK(pwfs_open(fs, P("/docs/a.txt"), O_WRONLY | O_TRUNC | O_DIRECTORY, 0, &err) == NULL && err == ENOTDIR);
+    CHECK(pwfs_stat(fs, P("docs/a.txt"), &st, &err) == 0 && st.size == 20000);
     CHECK(pwfs_open(fs, P("/docs/a.txt"), O_RDWR | O_SYNC, 0, &err) == NULL && err == EINVAL);
     CHECK(pwfs_stat(fs, P("/nowhere/x"), &st, &err) == -1 && err == ENOENT);
     CHECK(pwfs_write(f, NULL, 10, &err) == -1 && err == EFAULT);

@@ -454,8 +454,12 @@ impl Meta {
             return Err(Error::corrupt(format!("inode {ino}: extent count mismatch")));
         }
         for e in all {
-            if e.len == 0 || e.physical < self.sb.data_start || e.physical + e.len as u64 > self.sb.data_end {
+            let beyond = e.physical.checked_add(e.len as u64).is_none_or(|end| end > self.sb.data_end);
+            if e.len == 0 || e.physical < self.sb.data_start || beyond {
                 return Err(Error::corrupt(format!("inode {ino}: extent outside the data area")));
+            }
+            if e.logical as u64 + e.len as u64 > f::MAX_FILE_SIZE / f::BLOCK {
+                return Err(Error::corrupt(format!("inode {ino}: extent past the largest file")));
             }
             if e.unwritten && node.kind() != f::S_IFREG {
                 return Err(Error::corrupt(format!("inode {ino}: unwritten extent in a file that is not regular")));
@@ -531,7 +535,7 @@ impl Meta {
         let b = self.modify(blk)?;
         node.d.encode(ino, &mut b[off..off + f::INODE_SIZE]);
         node.data_meta_dirty = false;
-        if node.pins > 0 || !node.reserved.is_empty() {
+        if node.pins > 0 || !node.reserved.is_empty() || !node.converting.is_empty() {
             node.register(&self.tx, None);
         } else if node.tx_epoch == epoch {
             node.tx_epoch = 0;
@@ -581,6 +585,10 @@ impl Meta {
 
     /// Release every block of an inode and its number. The caller has dropped its pages.
     pub fn free_inode(&mut self, ino: u64) -> Result<()> {
+        // Read (and checked) before anything is freed: a corrupt attribute block stops
+        // the free with nothing half done.
+        let head = self.inode(ino)?.d.xattr_block;
+        let xattr_blocks = self.xattr_block_list(ino, head)?;
         let node = {
             let mut g = self.inode(ino)?;
             g.freed = true;
@@ -595,7 +603,7 @@ impl Meta {
         for b in &node.chain {
             self.free_blocks(*b, 1, true)?;
         }
-        for b in self.xattr_block_list(ino, node.d.xattr_block)? {
+        for b in xattr_blocks {
             self.free_blocks(b, 1, true)?;
         }
         self.add_reserved(-(node.reserved.len() as i64));

@@ -175,9 +175,9 @@ impl Fs {
             let (mode, gid, xattrs) = Self::new_mode(m, parent, dir_mode, dir_gid, mode, who)?;
             let grow = m.dir(parent, |idx| idx.free.is_empty())?;
             // The parent, the new inode and its bitmap block, the entry, a long
-            // symlink's block and its bitmap block, an inherited ACL's block and its
-            // bitmap block.
-            let extra = long_target as u64 + !xattrs.is_empty() as u64;
+            // symlink's block and its bitmap block, the blocks of inherited ACLs and
+            // their bitmap blocks.
+            let extra = long_target as u64 + Self::inherited_blocks(&xattrs)?;
             let tx = m.inode_cost(parent, grow as u64)?.plus(TxSize::new(2 + 2 * extra, 0));
             let blocks = grow as u64 + extra;
             Ok((Need { tx: tx.plus(entry_cost(grow)), blocks, inode: true }, (mode, gid, xattrs)))
@@ -278,6 +278,16 @@ impl Fs {
         self.make(parent, name, NewNode { mode: mode & (f::S_IFMT | 0o7777), who, rdev, target: None })
     }
 
+    /// Blocks the attributes a new inode inherits (default ACLs) take.
+    fn inherited_blocks(xattrs: &[(Vec<u8>, Vec<u8>)]) -> Result<u64> {
+        if xattrs.is_empty() {
+            return Ok(0);
+        }
+        f::xattr_blocks_for(xattrs)
+            .map(|n| n as u64)
+            .ok_or_else(|| Error::no_space("inherited ACLs larger than an inode's attributes"))
+    }
+
     /// open(2) with O_TMPFILE: a regular file in `parent`'s file system with no name,
     /// returned open (`release_ino` closes it). It is freed at its last release, or at
     /// the next mount after a crash, unless `link` gives it a name first, which it may
@@ -299,8 +309,9 @@ impl Fs {
                 (p.d.mode, p.d.gid)
             };
             let (mode, gid, xattrs) = Self::new_mode(m, parent, dir_mode, dir_gid, mode, who)?;
-            // The new inode and its bitmap block, an inherited ACL's block and its bitmap block.
-            let extra = !xattrs.is_empty() as u64;
+            // The new inode and its bitmap block, the blocks of inherited ACLs and their
+            // bitmap blocks.
+            let extra = Self::inherited_blocks(&xattrs)?;
             Ok((Need { tx: TxSize::new(2 + 2 * extra, 0), blocks: extra, inode: true }, (mode, gid, xattrs)))
         })?;
         let cell = InodeCell::blank(mode);
@@ -746,13 +757,17 @@ impl Fs {
         let (mut m, acl) = self.inner.admitted(|m| {
             let mut tx = m.inode_cost(ino, 0)?;
             // The new mode goes into the access ACL too: its block is rewritten.
+            let mut blocks = 0;
             let acl = match set.mode {
                 Some(_) if m.inode(ino)?.d.xattr_block != 0 => {
                     let mut entries = m.xattrs(ino)?;
                     match entries.iter().position(|(n, _)| n == perm::ACL_ACCESS) {
                         Some(i) => {
-                            // The same size again (only the mask changes): the same blocks.
-                            tx = tx.plus(TxSize::new(m.inode(ino)?.xattr_blocks, 0));
+                            // The same size again (only the mask changes), in the current
+                            // form (an attribute block of the first form may need one more).
+                            let (cost, more) = m.xattr_cost(ino, &entries)?;
+                            tx = tx.plus(cost);
+                            blocks = more;
                             let acl = Acl::decode(&entries[i].1)?;
                             Some((entries.remove(i).0, acl, entries))
                         }
@@ -761,7 +776,7 @@ impl Fs {
                 }
                 _ => None,
             };
-            Ok((Need::tx(tx), acl))
+            Ok((Need { tx, blocks, inode: false }, acl))
         })?;
         let tx = m.tx.clone();
         let mut node = m.inode(ino)?;
@@ -940,8 +955,8 @@ impl Fs {
                 .binary_search_by(|(n, _)| n.as_slice().cmp(name))
                 .map_err(|_| Error::new(crate::ErrorKind::NoData, ""))?;
             entries.remove(i);
-            let (tx, _) = m.xattr_cost(ino, &entries)?;
-            Ok((Need::tx(tx), entries))
+            let (tx, blocks) = m.xattr_cost(ino, &entries)?;
+            Ok((Need { tx, blocks, inode: false }, entries))
         })?;
         self.inner.mutate(&mut m, |m| m.set_xattrs(ino, entries))?;
         drop(m);
@@ -1037,7 +1052,8 @@ impl Fs {
         }
         let (t, a) = (now(), node.d.atime);
         let key = |t: f::Timespec| (t.sec, t.nsec);
-        let stale = key(a) <= key(node.d.mtime) || key(a) <= key(node.d.ctime) || t.sec - a.sec >= 24 * 3600;
+        let stale =
+            key(a) <= key(node.d.mtime) || key(a) <= key(node.d.ctime) || t.sec.saturating_sub(a.sec) >= 24 * 3600;
         if !stale {
             return;
         }
@@ -1263,6 +1279,9 @@ impl Fs {
             let mut m = self.meta();
             let mut node = cell.lock();
             let n = abandoned.iter().filter(|i| node.reserved.remove(i)).count() as i64;
+            for i in &abandoned {
+                node.converting.remove(i);
+            }
             drop(node);
             m.add_reserved(-n);
         }

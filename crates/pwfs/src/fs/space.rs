@@ -297,6 +297,12 @@ impl Fs {
                 if size.checked_add(len).is_none_or(|s| s > f::MAX_FILE_SIZE) {
                     return Err(Error::file_too_big(""));
                 }
+                // Blocks preallocated past the end (KEEP_SIZE) move too: none may leave
+                // the largest file (ext4's EXT_MAX_BLOCKS check).
+                let last = node.extents.iter().next_back().map(|(k, r)| *k as u64 + r.len as u64).unwrap_or(0);
+                if last + n > f::MAX_FILE_SIZE / BLOCK {
+                    return Err(Error::file_too_big("insert range would move blocks past the largest file"));
+                }
             } else if offset.saturating_add(len) >= size {
                 return Err(Error::invalid("collapse range reaches the end of the file"));
             }
@@ -356,8 +362,9 @@ impl Fs {
     /// After a preallocation or zeroing: the size grows to `end` if `grow`, and the
     /// change time moves (the modification time too when the size changed).
     fn set_size_at_least(&self, cell: &InodeCell, end: u64, grow: bool) -> Result<()> {
-        let mut m = self.inner.meta.lock();
-        m.update(cell.ino, |node| {
+        let ino = cell.ino;
+        let (mut m, ()) = self.inner.admitted(|m| Ok((Need::tx(m.inode_cost(ino, 0)?), ())))?;
+        m.update(ino, |node| {
             let t = now();
             if grow && end > node.d.size {
                 node.d.size = end;
