@@ -158,6 +158,17 @@ impl PwFuse {
         Ok(())
     }
 
+    /// Whether open handles are counted with the engine (`open_ino`/`release_ino`).
+    /// Not in write-through mode: there the kernel opens without asking (no_open, see
+    /// `open`), and once it does it sends no RELEASE for any handle, created ones
+    /// included, so a count taken at create would never be given back (an unlinked
+    /// file would then hold its space until unmount). The kernel's lookup reference,
+    /// which every open file's inode holds and which `remember` counts, keeps the
+    /// engine's inode alive instead, until the kernel forgets it.
+    fn counts_handles(&self) -> bool {
+        self.cache != KernelCache::WriteThrough
+    }
+
     fn remember(&self, ino: u64) {
         let mut l = self.lookups.lock().expect("lookup table");
         let n = l.entry(ino).or_insert(0);
@@ -613,7 +624,10 @@ impl Filesystem for PwFuse {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.fs.release_ino(ino.0);
+        // Handles are not counted in write-through mode (`counts_handles`).
+        if self.counts_handles() {
+            self.fs.release_ino(ino.0);
+        }
         reply.ok();
     }
 
@@ -882,10 +896,13 @@ impl Filesystem for PwFuse {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let made = self
-            .fs
-            .mknod(parent.0, name.as_bytes(), mode, 0, &creator(req, mode, umask))
-            .and_then(|m| self.fs.open_ino(m.ino));
+        let made = self.fs.mknod(parent.0, name.as_bytes(), mode, 0, &creator(req, mode, umask)).and_then(|m| {
+            if self.counts_handles() {
+                self.fs.open_ino(m.ino)
+            } else {
+                Ok(m)
+            }
+        });
         match made {
             Ok(m) => {
                 self.remember(m.ino);
@@ -908,6 +925,10 @@ impl Filesystem for PwFuse {
         match self.fs.tmpfile(parent.0, mode, &creator(req, mode, umask), linkable) {
             Ok(m) => {
                 self.remember(m.ino);
+                if !self.counts_handles() {
+                    // The lookup reference holds it from here (`counts_handles`).
+                    self.fs.release_ino(m.ino);
+                }
                 reply.created(
                     &TTL,
                     &attr(&m),

@@ -372,3 +372,58 @@ fn o_tmpfile_and_linkat_through_the_kernel() {
         assert!(r.is_clean(), "{cache:?}: {}", r.errors.join("\n"));
     }
 }
+
+/// A deleted file gives its inode and space back once the kernel lets go of it, in
+/// every mode, whether it was created or opened (in write-through mode the kernel sends
+/// no open or release requests once it knows the mount does without them), and stays
+/// readable while a descriptor is open.
+#[test]
+fn deleted_files_are_freed_after_their_last_close() {
+    if !can_mount() {
+        return;
+    }
+    for cache in MODES {
+        let (dev, fs, dir, mounted) = fresh("freed", cache);
+        let p = |s: &str| dir.join(s);
+        std::fs::write(p("first"), b"x").unwrap();
+        std::fs::read(p("first")).unwrap(); // an open request, or the kernel learns it need not
+                                            // The directory grows to hold the names once (directories do not shrink).
+        for i in 0..20 {
+            std::fs::write(p(&format!("f{i}")), b"").unwrap();
+        }
+        for i in 0..20 {
+            std::fs::remove_file(p(&format!("f{i}"))).unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        fs.sync().unwrap();
+        let (inodes, blocks) = (fs.statfs().inodes_free, fs.statfs().blocks_free);
+        for i in 0..20 {
+            std::fs::write(p(&format!("f{i}")), vec![7u8; 128 << 10]).unwrap();
+        }
+        for i in 0..20 {
+            std::fs::read(p(&format!("f{i}"))).unwrap();
+        }
+        let held = std::fs::File::open(p("f0")).unwrap();
+        for i in 0..20 {
+            std::fs::remove_file(p(&format!("f{i}"))).unwrap();
+        }
+        use std::io::Read;
+        let mut back = Vec::new();
+        (&held).read_to_end(&mut back).unwrap();
+        assert_eq!(back.len(), 128 << 10, "{cache:?}: an open deleted file reads");
+        drop(held);
+        // The kernel forgets the inodes asynchronously.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while fs.statfs().inodes_free != inodes && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert_eq!(fs.statfs().inodes_free, inodes, "{cache:?}: deleted inodes not freed");
+        fs.sync().unwrap();
+        assert_eq!(fs.statfs().blocks_free, blocks, "{cache:?}: deleted files' blocks not freed");
+        mounted.unmount().unwrap();
+        std::fs::remove_dir(&dir).unwrap();
+        fs.unmount().unwrap();
+        let r = pwfs::fsck::check(&*dev).unwrap();
+        assert!(r.is_clean() && r.notes.is_empty(), "{cache:?}: {:?} {:?}", r.errors, r.notes);
+    }
+}
