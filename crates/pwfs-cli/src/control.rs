@@ -81,9 +81,15 @@ fn answer(stream: UnixStream, fs: &RwLock<Option<Fs>>) {
             Err(e) => format!("error {}\n", e.to_string().replace('\n', " ")),
         },
         (Some(fs), "stat") => crate::mount::render_stats(fs),
+        // A remount through the helper tells the engine itself, before a remount to rw
+        // and after one to ro, so that neither waits for the mountinfo watcher.
+        (Some(fs), req @ ("ro" | "rw")) => match fs.set_read_only(req == "ro") {
+            Ok(()) => "ok\n".to_string(),
+            Err(e) => format!("error {}\n", e.to_string().replace('\n', " ")),
+        },
         (_, "pid") => format!("{}\n", std::process::id()),
-        (None, "sync" | "stat") => "error the file system is being unmounted\n".to_string(),
-        (_, other) => format!("error unknown request {other:?} (known: sync, stat, pid)\n"),
+        (None, "sync" | "stat" | "ro" | "rw") => "error the file system is being unmounted\n".to_string(),
+        (_, other) => format!("error unknown request {other:?} (known: sync, stat, pid, ro, rw)\n"),
     };
     let _ = (&stream).write_all(reply.as_bytes());
 }
@@ -100,6 +106,18 @@ pub fn ask(path: &Path, request: &str) -> std::io::Result<String> {
         return Err(std::io::Error::new(ErrorKind::UnexpectedEof, "the serving process closed without answering"));
     }
     Ok(reply)
+}
+
+/// Turn the engine of the mount at `mountpoint` read-only (commit, checkpoint, marked
+/// clean) or writable again, and return once it is.
+pub fn set_read_only(mountpoint: &Path, read_only: bool) -> Result<(), String> {
+    let sock = crate::mount::socket_file(mountpoint);
+    let reply = ask(&sock, if read_only { "ro" } else { "rw" })
+        .map_err(|e| format!("{}: cannot reach the serving process ({}: {e})", mountpoint.display(), sock.display()))?;
+    match reply.trim_end() {
+        "ok" => Ok(()),
+        r => Err(format!("{}: {}", mountpoint.display(), r.strip_prefix("error ").unwrap_or(r))),
+    }
 }
 
 /// `pwfs sync MOUNTPOINT`: returns once everything written to the mount is durable.

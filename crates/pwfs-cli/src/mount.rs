@@ -273,13 +273,26 @@ pub fn remount(mountpoint: &Path, o: &MountOpts) -> Result<(), String> {
         flags |= libc::MS_NODEV;
     }
     let c = CString::new(canon.as_os_str().as_bytes()).map_err(|_| "mount point contains NUL".to_string())?;
+    let read_only = o.flags & libc::MS_RDONLY != 0;
+    // To rw: the engine takes writes before the kernel lets any through, so none
+    // written back in between meets a read-only engine.
+    if !read_only {
+        crate::control::set_read_only(mountpoint, false)?;
+    }
     // SAFETY: a valid C string; no source, type or data for a remount.
     let r = unsafe { libc::mount(std::ptr::null(), c.as_ptr(), std::ptr::null(), flags, std::ptr::null()) };
     if r != 0 {
-        return Err(format!("remount of {}: {}", mountpoint.display(), std::io::Error::last_os_error()));
+        let e = std::io::Error::last_os_error();
+        if !read_only && current_flags(mountpoint).is_ok_and(|f| f.flags & libc::MS_RDONLY != 0) {
+            // Still read-only in the kernel: so is the engine again.
+            let _ = crate::control::set_read_only(mountpoint, true);
+        }
+        return Err(format!("remount of {}: {e}", mountpoint.display()));
     }
-    if o.flags & libc::MS_RDONLY != 0 {
-        crate::control::sync(mountpoint)?;
+    // To ro: the kernel refuses writes from here; the engine commits, checkpoints and
+    // marks the image clean before this returns (the watcher would do it a little later).
+    if read_only {
+        crate::control::set_read_only(mountpoint, true)?;
     }
     Ok(())
 }
