@@ -169,6 +169,28 @@ impl PwFuse {
         self.cache != KernelCache::WriteThrough
     }
 
+    /// Answer a create or tmpfile: the kernel now holds a lookup reference to the new
+    /// inode (`remember`), and a handle opened with `flags`; `uncount` gives back the
+    /// open the engine counted for it, once the lookup reference holds the inode.
+    fn created(&self, reply: ReplyCreate, made: pwfs::Result<Metadata>, flags: i32, uncount: bool) {
+        match made {
+            Ok(m) => {
+                self.remember(m.ino);
+                if uncount {
+                    self.fs.release_ino(m.ino);
+                }
+                reply.created(
+                    &TTL,
+                    &attr(&m),
+                    Generation(m.generation as u64),
+                    FileHandle(0),
+                    self.open_flags(flags, true),
+                )
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
     fn remember(&self, ino: u64) {
         let mut l = self.lookups.lock().expect("lookup table");
         let n = l.entry(ino).or_insert(0);
@@ -903,42 +925,17 @@ impl Filesystem for PwFuse {
                 Ok(m)
             }
         });
-        match made {
-            Ok(m) => {
-                self.remember(m.ino);
-                reply.created(
-                    &TTL,
-                    &attr(&m),
-                    Generation(m.generation as u64),
-                    FileHandle(0),
-                    self.open_flags(flags, true),
-                )
-            }
-            Err(e) => reply.error(errno(e)),
-        }
+        self.created(reply, made, flags, false);
     }
 
     /// open(2) with O_TMPFILE: a file with no name, open; `linkat` names it (`link`),
     /// unless it was opened O_EXCL.
     fn tmpfile(&self, req: &Request, parent: INodeNo, mode: u32, umask: u32, flags: i32, reply: ReplyCreate) {
         let linkable = flags & libc::O_EXCL == 0;
-        match self.fs.tmpfile(parent.0, mode, &creator(req, mode, umask), linkable) {
-            Ok(m) => {
-                self.remember(m.ino);
-                if !self.counts_handles() {
-                    // The lookup reference holds it from here (`counts_handles`).
-                    self.fs.release_ino(m.ino);
-                }
-                reply.created(
-                    &TTL,
-                    &attr(&m),
-                    Generation(m.generation as u64),
-                    FileHandle(0),
-                    self.open_flags(flags, true),
-                )
-            }
-            Err(e) => reply.error(errno(e)),
-        }
+        let made = self.fs.tmpfile(parent.0, mode, &creator(req, mode, umask), linkable);
+        // `Fs::tmpfile` returns it open; where handles are not counted, the lookup
+        // reference taken by `created` holds it instead.
+        self.created(reply, made, flags, !self.counts_handles());
     }
 }
 

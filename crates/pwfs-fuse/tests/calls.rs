@@ -24,6 +24,16 @@ fn fresh(name: &str, cache: KernelCache) -> (Arc<MemDevice>, Fs, std::path::Path
     (dev, fs, dir, mounted)
 }
 
+/// Unmount the kernel's view and the engine; the image must pass fsck (`what` names the
+/// case in a failure).
+fn finish(mounted: pwfs_fuse::Mounted, fs: Fs, dev: &dyn pwfs::device::Device, dir: &std::path::Path, what: &str) {
+    mounted.unmount().unwrap();
+    std::fs::remove_dir(dir).unwrap();
+    fs.unmount().unwrap();
+    let r = pwfs::fsck::check(dev).unwrap();
+    assert!(r.is_clean(), "{what}: {}", r.errors.join("\n"));
+}
+
 fn last_errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap()
 }
@@ -93,11 +103,7 @@ fn fallocate_and_seek_hole_data_through_the_kernel() {
         assert_eq!(fallocate(&f, libc::FALLOC_FL_COLLAPSE_RANGE, 0, 4096), Err(libc::EOPNOTSUPP));
         f.sync_all().unwrap();
         drop(f);
-        mounted.unmount().unwrap();
-        std::fs::remove_dir(&dir).unwrap();
-        fs.unmount().unwrap();
-        let r = pwfs::fsck::check(&*dev).unwrap();
-        assert!(r.is_clean(), "{cache:?}: {}", r.errors.join("\n"));
+        finish(mounted, fs, &*dev, &dir, &format!("{cache:?}"));
     }
 }
 
@@ -159,11 +165,7 @@ fn renameat2_exchange_and_whiteout_through_the_kernel() {
         assert_eq!(w.mode() & libc::S_IFMT, libc::S_IFCHR, "{cache:?}");
         assert_eq!(w.rdev(), 0);
         assert_eq!(std::fs::read(p("e")).unwrap(), b"bbb");
-        mounted.unmount().unwrap();
-        std::fs::remove_dir(&dir).unwrap();
-        fs.unmount().unwrap();
-        let r = pwfs::fsck::check(&*dev).unwrap();
-        assert!(r.is_clean(), "{cache:?}: {}", r.errors.join("\n"));
+        finish(mounted, fs, &*dev, &dir, &format!("{cache:?}"));
     }
 }
 
@@ -303,11 +305,7 @@ fn chattr_immutable_and_append_only_through_the_kernel() {
         run(&["chattr", "-a", p("a").to_str().unwrap()]);
         std::fs::remove_file(p("i")).unwrap();
         std::fs::write(p("a"), b"").unwrap();
-        mounted.unmount().unwrap();
-        std::fs::remove_dir(&dir).unwrap();
-        fs.unmount().unwrap();
-        let r = pwfs::fsck::check(&*dev).unwrap();
-        assert!(r.is_clean(), "{cache:?}: {}", r.errors.join("\n"));
+        finish(mounted, fs, &*dev, &dir, &format!("{cache:?}"));
     }
 }
 
@@ -331,11 +329,7 @@ fn extended_attributes_of_64_kib_through_the_kernel() {
     let got = unsafe { libc::getxattr(c.as_ptr(), n.as_ptr(), back.as_mut_ptr().cast(), back.len()) };
     assert_eq!(got, 65536);
     assert_eq!(back, value);
-    mounted.unmount().unwrap();
-    std::fs::remove_dir(&dir).unwrap();
-    fs.unmount().unwrap();
-    let r = pwfs::fsck::check(&*dev).unwrap();
-    assert!(r.is_clean(), "{}", r.errors.join("\n"));
+    finish(mounted, fs, &*dev, &dir, "");
 }
 
 /// open(O_TMPFILE) and linkat: a nameless file, named later; an O_EXCL one never.
@@ -365,11 +359,7 @@ fn o_tmpfile_and_linkat_through_the_kernel() {
         let r = unsafe { libc::linkat(fd, empty.as_ptr(), libc::AT_FDCWD, other.as_ptr(), libc::AT_EMPTY_PATH) };
         assert_eq!(r, -1, "{cache:?}: an O_EXCL tmpfile was linked");
         unsafe { libc::close(fd) };
-        mounted.unmount().unwrap();
-        std::fs::remove_dir(&dir).unwrap();
-        fs.unmount().unwrap();
-        let r = pwfs::fsck::check(&*dev).unwrap();
-        assert!(r.is_clean(), "{cache:?}: {}", r.errors.join("\n"));
+        finish(mounted, fs, &*dev, &dir, &format!("{cache:?}"));
     }
 }
 

@@ -124,6 +124,20 @@ impl Inode {
         self.extents.insert(lblk as u32, Run { len: len as u32, phys, unwritten });
     }
 
+    /// Forget the pages `from..to` wait to have written (their block reservations and
+    /// pending unwritten-to-written marks): they were dropped. Returns how many
+    /// reservations went, for the caller to give back (`Meta::add_reserved`).
+    pub fn forget_pages(&mut self, from: u64, to: u64) -> u64 {
+        let cut = |set: &mut BTreeSet<u64>| {
+            let mut tail = set.split_off(&from);
+            let mut kept = tail.split_off(&to);
+            set.append(&mut kept);
+            tail.len() as u64
+        };
+        cut(&mut self.converting);
+        cut(&mut self.reserved)
+    }
+
     /// Remove every mapping at or past `from`; returns the freed device runs.
     pub fn unmap_from(&mut self, from: u64) -> Vec<(u64, u64)> {
         self.unmap_range(from, u32::MAX as u64 + 1)

@@ -476,6 +476,24 @@ impl Meta {
         Ok(node)
     }
 
+    /// The end of a change to the data of an inode held as `node` (punch, zero,
+    /// collapse, insert, truncate): its modification and change times move, fdatasync
+    /// must commit, it joins the running transaction; `reserved` blocks of delayed
+    /// allocation are promised (> 0) or given back, and the `freed` data runs are freed.
+    pub fn finish_data_change(&mut self, mut node: InodeGuard, reserved: i64, freed: Vec<(u64, u64)>) -> Result<()> {
+        let t = now();
+        node.d.mtime = t;
+        node.d.ctime = t;
+        node.data_meta_dirty = true;
+        node.register(&self.tx.clone(), None);
+        drop(node);
+        self.add_reserved(reserved);
+        for (b, n) in freed {
+            self.free_blocks(b, n, false)?;
+        }
+        Ok(())
+    }
+
     /// Change an inode and register it with the running transaction (its table block
     /// now, so that the transaction's size counts distinct blocks; its slot and extents
     /// when the transaction closes). Every change to an inode's extents or reserved

@@ -491,15 +491,34 @@ impl Fs {
         self.rename_inner(sp, sname, dp, dname, noreplace, Some(owner))
     }
 
+    /// The checks every rename starts with: a writable file system, names that can be
+    /// renamed ("." and ".." are EBUSY).
+    fn check_rename_names(&self, sname: &[u8], dname: &[u8]) -> Result<()> {
+        self.inner.check_writable()?;
+        if is_dot(sname) || is_dot(dname) {
+            return Err(Error::new(crate::ErrorKind::Busy, "cannot rename '.' or '..'"));
+        }
+        check_name(sname)?;
+        check_name(dname)
+    }
+
+    /// EINVAL if directory `into` is directory `moved` or inside it (a rename would
+    /// detach `moved`'s subtree).
+    fn check_not_inside(m: &mut Meta, moved: u64, into: u64) -> Result<()> {
+        let mut at = into;
+        while at != moved {
+            if at == f::ROOT_INO {
+                return Ok(());
+            }
+            at = m.inode(at)?.d.parent;
+        }
+        Err(Error::invalid("cannot move a directory into itself"))
+    }
+
     /// renameat2(2) with RENAME_EXCHANGE: the two names swap their inodes atomically.
     /// Both must exist (ENOENT); a directory may not move into itself (EINVAL).
     pub fn rename_exchange(&self, sp: u64, sname: &[u8], dp: u64, dname: &[u8]) -> Result<()> {
-        self.inner.check_writable()?;
-        if is_dot(sname) || is_dot(dname) {
-            return Err(Error::new(crate::ErrorKind::Busy, "cannot exchange '.' or '..'"));
-        }
-        check_name(sname)?;
-        check_name(dname)?;
+        self.check_rename_names(sname, dname)?;
         let (mut m, checked) = self.inner.admitted(|m| {
             if !m.inode(sp)?.is_dir() || !m.inode(dp)?.is_dir() {
                 return Err(Error::not_dir(""));
@@ -516,18 +535,8 @@ impl Fs {
             let is_dir = |mode: u32| mode & f::S_IFMT == f::S_IFDIR;
             // Neither directory may end up inside itself.
             for (moved, into) in [(a, dp), (b, sp)] {
-                if !m.inode(moved)?.is_dir() {
-                    continue;
-                }
-                let mut at = into;
-                loop {
-                    if at == moved {
-                        return Err(Error::invalid("cannot move a directory into itself"));
-                    }
-                    if at == f::ROOT_INO {
-                        break;
-                    }
-                    at = m.inode(at)?.d.parent;
+                if m.inode(moved)?.is_dir() {
+                    Self::check_not_inside(m, moved, into)?;
                 }
             }
             let tx = m
@@ -582,12 +591,7 @@ impl Fs {
         noreplace: bool,
         whiteout: Option<(u32, u32)>,
     ) -> Result<()> {
-        self.inner.check_writable()?;
-        if is_dot(sname) || is_dot(dname) {
-            return Err(Error::new(crate::ErrorKind::Busy, "cannot rename '.' or '..'"));
-        }
-        check_name(sname)?;
-        check_name(dname)?;
+        self.check_rename_names(sname, dname)?;
         let (mut m, checked) = self.inner.admitted(|m| {
             if !m.inode(sp)?.is_dir() || !m.inode(dp)?.is_dir() {
                 return Err(Error::not_dir(""));
@@ -606,17 +610,7 @@ impl Fs {
                 return if noreplace { Err(Error::exists("")) } else { Ok((Need::tx(TxSize::default()), None)) };
             }
             if src_dir {
-                // The target directory must not be the source or inside it.
-                let mut at = dp;
-                loop {
-                    if at == src {
-                        return Err(Error::invalid("cannot move a directory into itself"));
-                    }
-                    if at == f::ROOT_INO {
-                        break;
-                    }
-                    at = m.inode(at)?.d.parent;
-                }
+                Self::check_not_inside(m, src, dp)?;
                 if sp != dp && m.inode(dp)?.d.nlink >= LINK_MAX && dst.is_none() {
                     return Err(Error::too_many_links(""));
                 }
@@ -1479,26 +1473,11 @@ impl Fs {
                     node.reserved.insert(keep - 1);
                     reserved += 1;
                 }
-                node.converting.retain(|i| *i < keep);
-                let dropped: Vec<u64> = node.reserved.range(keep..).copied().collect();
-                for i in &dropped {
-                    node.reserved.remove(i);
-                }
-                reserved -= dropped.len() as i64;
+                reserved -= node.forget_pages(keep, u64::MAX) as i64;
                 // The size goes with the unmapping, in one change: a commit between
                 // the two would log blocks freed by an inode that still maps them.
                 node.d.size = size;
-                let t = now();
-                node.d.mtime = t;
-                node.d.ctime = t;
-                node.data_meta_dirty = true;
-                node.register(&m.tx.clone(), None);
-                drop(node);
-                m.add_reserved(reserved);
-                for (b, n) in freed {
-                    m.free_blocks(b, n, false)?;
-                }
-                Ok(())
+                m.finish_data_change(node, reserved, freed)
             })?;
             return Ok(());
         }

@@ -247,7 +247,6 @@ impl Fs {
         self.inner.forget_pages(dropped);
         let mut m = self.inner.meta.lock();
         self.inner.mutate(&mut m, |m| {
-            let tx = m.tx.clone();
             let mut node = m.inode(ino)?;
             let freed = if unwritten {
                 node.set_written(from, to, true);
@@ -255,22 +254,8 @@ impl Fs {
             } else {
                 node.unmap_range(from, to)
             };
-            let released: Vec<u64> = node.reserved.range(from..to).copied().collect();
-            for i in &released {
-                node.reserved.remove(i);
-            }
-            node.converting.retain(|i| *i < from || *i >= to);
-            let t = now();
-            node.d.mtime = t;
-            node.d.ctime = t;
-            node.data_meta_dirty = true;
-            node.register(&tx, None);
-            drop(node);
-            m.add_reserved(-(released.len() as i64));
-            for (b, n) in freed {
-                m.free_blocks(b, n, false)?;
-            }
-            Ok(())
+            let released = node.forget_pages(from, to);
+            m.finish_data_change(node, -(released as i64), freed)
         })?;
         drop(m);
         drop(credit);
@@ -318,7 +303,6 @@ impl Fs {
         self.inner.forget_pages(dropped);
         let mut m = self.inner.meta.lock();
         self.inner.mutate(&mut m, |m| {
-            let tx = m.tx.clone();
             let mut node = m.inode(ino)?;
             let size = node.d.size;
             if (insert && offset >= size) || (!insert && offset + len >= size) {
@@ -327,11 +311,7 @@ impl Fs {
                 return Err(Error::invalid("file size changed during collapse/insert"));
             }
             // Pages not written back (their fetch failed) are gone with the drop.
-            let released: Vec<u64> = node.reserved.range(from..).copied().collect();
-            for i in &released {
-                node.reserved.remove(i);
-            }
-            node.converting.retain(|i| *i < from);
+            let released = node.forget_pages(from, u64::MAX);
             let freed = if insert {
                 node.shift_from(from, n as i64);
                 node.d.size = size + len;
@@ -342,17 +322,7 @@ impl Fs {
                 node.d.size = size - len;
                 freed
             };
-            let t = now();
-            node.d.mtime = t;
-            node.d.ctime = t;
-            node.data_meta_dirty = true;
-            node.register(&tx, None);
-            drop(node);
-            m.add_reserved(-(released.len() as i64));
-            for (b, n) in freed {
-                m.free_blocks(b, n, false)?;
-            }
-            Ok(())
+            m.finish_data_change(node, -(released as i64), freed)
         })?;
         drop(m);
         drop(credit);
