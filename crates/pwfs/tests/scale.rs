@@ -70,3 +70,50 @@ fn io_uring_image_end_to_end() {
     fsck_clean(&*dev);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Directories take inode numbers in groups of their own, and their files are
+/// numbered next to them: two threads creating in two directories change different
+/// table blocks and bitmap words. When no group is empty, numbers come from anywhere,
+/// and every number can still be used.
+#[test]
+fn directories_spread_and_files_stay_near_them() {
+    let dev = Arc::new(MemDevice::new(64 * MIB));
+    pwfs::mkfs(&*dev, &MkfsOptions { inodes: Some(4096), journal_blocks: None }).unwrap();
+    let fs = Fs::mount(dev.clone(), test_config()).unwrap();
+    let ino = |p: &str| fs.metadata(p).unwrap().ino;
+    fs.create_dir("/a", 0o755).unwrap();
+    fs.create_dir("/b", 0o755).unwrap();
+    let (a, b) = (ino("/a"), ino("/b"));
+    assert!(a.abs_diff(b) >= 512, "directories {a} and {b} share an inode group");
+    for i in 0..20 {
+        fs.write_file(format!("/a/f{i}"), b"x").unwrap();
+        fs.write_file(format!("/b/f{i}"), b"y").unwrap();
+        let (fa, fb) = (ino(&format!("/a/f{i}")), ino(&format!("/b/f{i}")));
+        assert!(fa > a && fa < a + 512, "file {fa} of directory {a}");
+        assert!(fb > b && fb < b + 512, "file {fb} of directory {b}");
+    }
+    // A deleted file's number is the next one its directory hands out.
+    let freed = ino("/a/f3");
+    fs.remove_file("/a/f3").unwrap();
+    fs.write_file("/a/again", b"z").unwrap();
+    assert_eq!(ino("/a/again"), freed);
+    // More directories than groups, then every inode in use: ENOSPC, not a hang.
+    let mut made = 0;
+    for i in 0.. {
+        let r = if i % 5 == 0 {
+            fs.create_dir(format!("/d{i}"), 0o755).map(drop)
+        } else {
+            fs.write_file(format!("/a/g{i}"), b"").map(drop)
+        };
+        match r {
+            Ok(()) => made += 1,
+            Err(e) => {
+                assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+                break;
+            }
+        }
+    }
+    assert!(made > 4000, "only {made} inodes could be made");
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}

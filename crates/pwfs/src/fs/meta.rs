@@ -24,11 +24,19 @@ pub use super::inode::DirIndex;
 pub struct Meta {
     pub sb: Superblock,
     dev: Arc<dyn Device>,
-    blocks: HashMap<u64, AlignedBuf>,
+    blocks: HashMap<u64, AlignedBuf, NumHash>,
     /// Committed since the last checkpoint: the cached copy is newer than home.
-    pub pinned: HashSet<u64>,
+    pub pinned: HashSet<u64, NumHash>,
+    /// Directory blocks changed in the running transaction and not sealed since: their
+    /// checksums are computed once, when the transaction closes or the block is
+    /// decoded (`sealed`), not at every entry they gain or lose.
+    unsealed: HashSet<u64, NumHash>,
     /// Inodes in memory (shared with the data path, which reaches them without this lock).
     pub table: Arc<InodeTable>,
+    /// The cells this lock's holders reached last, by inode number (direct-mapped):
+    /// an operation reaches its parent and its inode a dozen times, and a lookup in
+    /// `table` costs a shard lock and takes its cache line from the other CPUs.
+    recent: [Option<Arc<InodeCell>>; RECENT],
     /// The running transaction's bookkeeping (its own lock).
     pub tx: Arc<Tx>,
     pub alloc: Allocator,
@@ -42,6 +50,23 @@ pub struct Meta {
     block_limit: usize,
     pub generation_seed: u32,
 }
+
+const RECENT: usize = 16;
+
+/// Inode numbers a new directory claims a group of: its files are numbered inside it.
+const GROUP: u64 = 512;
+
+/// Where a new inode's number is looked for.
+#[derive(Clone, Copy, Debug)]
+pub enum Place {
+    /// The first free number at or after this one (a file, next to its directory).
+    Near(u64),
+    /// The start of an empty group (a directory), else anywhere.
+    NewGroup,
+}
+
+/// Block and inode numbers come from the file system: a multiply hashes them.
+type NumHash = std::hash::BuildHasherDefault<crate::fs::inode::InoHasher>;
 
 pub fn now() -> Timespec {
     let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
@@ -81,8 +106,10 @@ impl Meta {
             ihint: 0,
             sb,
             dev,
-            blocks: HashMap::new(),
-            pinned: HashSet::new(),
+            blocks: HashMap::default(),
+            pinned: HashSet::default(),
+            unsealed: HashSet::default(),
+            recent: Default::default(),
             table,
             tx,
             reserved: 0,
@@ -145,6 +172,17 @@ impl Meta {
         Ok(self.blocks.get_mut(&b).expect("just loaded"))
     }
 
+    /// The cached block, its directory-block checksum brought up to date if entries
+    /// changed since it was last sealed.
+    fn sealed(&mut self, b: u64) -> Result<&mut AlignedBuf> {
+        let stale = self.unsealed.remove(&b);
+        let buf = self.block(b)?;
+        if stale {
+            f::dir_block_seal(buf);
+        }
+        Ok(buf)
+    }
+
     /// The block, made part of the running transaction.
     pub fn modify(&mut self, b: u64) -> Result<&mut AlignedBuf> {
         self.block(b)?;
@@ -155,6 +193,7 @@ impl Meta {
     /// A freshly allocated metadata block: zeroed, in the transaction, not read.
     fn fresh(&mut self, b: u64) -> &mut AlignedBuf {
         self.tx.block(b);
+        self.unsealed.remove(&b);
         let buf = self.dev.alloc_zeroed(BLOCK_SIZE);
         self.blocks.insert(b, buf);
         self.blocks.get_mut(&b).expect("just inserted")
@@ -273,6 +312,10 @@ impl Meta {
             }
         }
         let (dirty, revokes) = self.tx.take_blocks();
+        debug_assert!(
+            self.unsealed.iter().all(|b| dirty.contains(b)),
+            "an unsealed directory block outside the transaction"
+        );
         // Pinned at once: until the journal has them, and until a checkpoint writes them
         // home, their only current copy is this cache (a shrink must not drop one and
         // read the stale home block back).
@@ -286,6 +329,7 @@ impl Meta {
             if let Some(i) = self.bitmap_index(b) {
                 f::bitmap_seal(self.block(b)?, i);
             }
+            self.sealed(b)?;
             let mut copy = self.dev.alloc(BLOCK_SIZE);
             copy.copy_from_slice(self.block(b)?);
             self.check_before_write(b, &copy)?;
@@ -392,6 +436,7 @@ impl Meta {
                 self.pinned.remove(&b);
             }
             self.blocks.remove(&b);
+            self.unsealed.remove(&b);
         }
         Ok(())
     }
@@ -409,7 +454,12 @@ impl Meta {
 
     /// The inode's cell, loaded from its table block on first use.
     pub fn cell(&mut self, ino: u64) -> Result<Arc<InodeCell>> {
+        let slot = ino as usize % RECENT;
+        if let Some(cell) = self.recent[slot].as_ref().filter(|c| c.ino == ino) {
+            return Ok(cell.clone());
+        }
         if let Some(cell) = self.table.get(ino) {
+            self.recent[slot] = Some(cell.clone());
             return Ok(cell);
         }
         if !self.valid_ino(ino) {
@@ -563,13 +613,22 @@ impl Meta {
     }
 
     /// Allocate an inode number and give it `cell`, a new cell (`InodeCell::blank`, made
-    /// before the metadata lock was taken); the inode is stored at commit.
-    pub fn new_inode(&mut self, mut cell: Arc<InodeCell>, uid: u32, gid: u32) -> Result<u64> {
+    /// before the metadata lock was taken); the inode is stored at commit. Where the
+    /// number comes from (`Place`) keeps the inodes of one directory in the same
+    /// table blocks and bitmap words, and those of two directories apart: threads
+    /// creating in directories of their own then change different cache lines and
+    /// blocks (two threads creating and deleting in two directories ran at 0.78× one
+    /// thread with numbers taken from one shared hint, 0.98× with groups of 64
+    /// numbers, which share a cache line of the bitmap, and 1.1× with groups of 512).
+    pub fn new_inode(&mut self, mut cell: Arc<InodeCell>, uid: u32, gid: u32, place: Place) -> Result<u64> {
         if self.ifree == 0 {
             return Err(Error::no_space("no free inodes"));
         }
         let n = self.sb.inode_count;
-        let mut i = self.ihint;
+        let mut i = match place {
+            Place::Near(parent) => (parent - 1) % n,
+            Place::NewGroup => self.empty_group().unwrap_or(self.ihint),
+        };
         while bit(&self.iused, i) {
             let full_word = i.is_multiple_of(64) && i + 64 <= n && self.iused[(i / 64) as usize] == u64::MAX;
             i = (i + if full_word { 64 } else { 1 }) % n;
@@ -601,6 +660,21 @@ impl Meta {
         Ok(ino)
     }
 
+    /// The first number of an inode group (`GROUP` numbers, 64 bytes of the bitmap)
+    /// with no inode in use, among the next few groups after the last allocation.
+    fn empty_group(&self) -> Option<u64> {
+        let words = GROUP as usize / 64;
+        let groups = self.iused.len() / words;
+        if groups == 0 {
+            return None;
+        }
+        let start = (self.ihint / GROUP) as usize + 1;
+        (0..groups.min(64))
+            .map(|k| (start + k) % groups)
+            .find(|g| self.iused[g * words..(g + 1) * words].iter().all(|w| *w == 0))
+            .map(|g| g as u64 * GROUP)
+    }
+
     /// Release every block of an inode and its number. The caller has dropped its pages.
     pub fn free_inode(&mut self, ino: u64) -> Result<()> {
         // Read (and checked) before anything is freed: a corrupt attribute block stops
@@ -613,6 +687,9 @@ impl Meta {
             g.clone()
         };
         self.table.remove(ino);
+        if self.recent[ino as usize % RECENT].as_ref().is_some_and(|c| c.ino == ino) {
+            self.recent[ino as usize % RECENT] = None;
+        }
         self.tx.forget(ino);
         let journaled = node.is_dir() || node.kind() == f::S_IFLNK;
         for run in node.extents.values() {
@@ -678,7 +755,7 @@ impl Meta {
             DirIndex { names: HashMap::new(), free: BTreeSet::new(), slots: nblocks * f::DIRENTS_PER_BLOCK as u64 };
         for l in 0..nblocks {
             let (phys, _) = self.dir_slot_block(dir, l * f::DIRENTS_PER_BLOCK as u64)?;
-            let entries = f::dir_block_decode(dir, self.block(phys)?)?;
+            let entries = f::dir_block_decode(dir, self.sealed(phys)?)?;
             for (i, e) in entries.into_iter().enumerate() {
                 let slot = l * f::DIRENTS_PER_BLOCK as u64 + i as u64;
                 match e {
@@ -701,7 +778,7 @@ impl Meta {
     /// Every slot of directory block `lblk`.
     pub fn dir_block_entries(&mut self, dir: u64, lblk: u64) -> Result<Vec<Option<f::Dirent>>> {
         let (phys, _) = self.dir_slot_block(dir, lblk * f::DIRENTS_PER_BLOCK as u64)?;
-        Ok(f::dir_block_decode(dir, self.block(phys)?)?)
+        Ok(f::dir_block_decode(dir, self.sealed(phys)?)?)
     }
 
     /// The inode `name` names in `dir`, and its slot.
@@ -735,7 +812,7 @@ impl Meta {
         let (phys, i) = self.dir_slot_block(dir, slot)?;
         let b = self.modify(phys)?;
         f::dirent_put(b, i, Some(&f::Dirent { ino, ftype, name: name.to_vec() }));
-        f::dir_block_seal(b);
+        self.unsealed.insert(phys);
         self.dir(dir, |idx| idx.names.insert(name.to_vec(), (slot, ino)))?;
         Ok(())
     }
@@ -745,7 +822,7 @@ impl Meta {
         let (phys, i) = self.dir_slot_block(dir, slot)?;
         let b = self.modify(phys)?;
         f::dirent_put(b, i, None);
-        f::dir_block_seal(b);
+        self.unsealed.insert(phys);
         self.dir(dir, |idx| idx.free.insert(slot))?;
         Ok(())
     }
@@ -758,7 +835,7 @@ impl Meta {
         let (phys, i) = self.dir_slot_block(dir, slot)?;
         let b = self.modify(phys)?;
         f::dirent_put(b, i, Some(&f::Dirent { ino, ftype, name: name.to_vec() }));
-        f::dir_block_seal(b);
+        self.unsealed.insert(phys);
         Ok(())
     }
 

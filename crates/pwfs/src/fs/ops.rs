@@ -6,7 +6,7 @@
 use super::api::{DirEntry, FileType, Metadata, SetAttr, StatFs, TimeSet};
 use super::attrflags::{deny_change, deny_immutable, deny_write};
 use super::inode::{Inode, InodeCell};
-use super::meta::{ftype_of, now, Meta, TxSize};
+use super::meta::{ftype_of, now, Meta, Place, TxSize};
 use super::perm::{self, Acl, Creator};
 use super::{Fs, FsInner};
 use crate::cache::PageState;
@@ -185,7 +185,8 @@ impl Fs {
         let cell = InodeCell::blank(mode);
         let ino = self.inner.mutate(&mut m, |m| {
             let tx = m.tx.clone();
-            let ino = m.new_inode(cell, who.uid, gid)?;
+            let place = if is_dir { Place::NewGroup } else { Place::Near(parent) };
+            let ino = m.new_inode(cell, who.uid, gid, place)?;
             let payload = match target {
                 Some(t) if t.len() > f::INLINE_MAX => Some(m.write_payload_block(t)?),
                 _ => None,
@@ -317,7 +318,7 @@ impl Fs {
         let cell = InodeCell::blank(mode);
         let ino = self.inner.mutate(&mut m, |m| {
             let tx = m.tx.clone();
-            let ino = m.new_inode(cell, who.uid, gid)?;
+            let ino = m.new_inode(cell, who.uid, gid, Place::Near(parent))?;
             let mut node = m.inode(ino)?;
             node.d.nlink = 0;
             node.linkable = linkable;
@@ -441,7 +442,8 @@ impl Fs {
             b".." if dir => return Err(Error::not_empty("cannot remove '..'")),
             _ => check_name(name)?,
         }
-        let (mut m, (ino, is_dir)) = self.inner.admitted(|m| {
+        let share = self.inner.tx_room() / 4;
+        let (mut m, (ino, is_dir, free)) = self.inner.admitted(|m| {
             if !m.inode(parent)?.is_dir() {
                 return Err(Error::not_dir(""));
             }
@@ -450,7 +452,18 @@ impl Fs {
             deny_change(&*m.inode(parent)?)?;
             deny_change(&*m.inode(ino)?)?;
             let tx = m.inode_cost(parent, 0)?.plus(m.inode_cost(ino, 0)?).plus(entry_cost(false));
-            Ok((Need::tx(tx), (ino, is_dir)))
+            // The last name of an inode nobody has open, which has no pages in the
+            // cache: it is freed in this same change (one lock, one admission), as
+            // long as freeing it is small.
+            let cell = m.cell(ino)?;
+            let last = is_dir || cell.lock().d.nlink == 1;
+            if last && cell.opens.load(std::sync::atomic::Ordering::Acquire) == 0 && cell.pages_end() == 0 {
+                let cost = m.free_cost(ino)?;
+                if cost.log_blocks() <= share {
+                    return Ok((Need::tx(tx.plus(cost)), (ino, is_dir, true)));
+                }
+            }
+            Ok((Need::tx(tx), (ino, is_dir, false)))
         })?;
         let gone = self.inner.mutate(&mut m, |m| {
             m.dir_remove(parent, name)?;
@@ -462,7 +475,21 @@ impl Fs {
                     p.d.nlink -= 1;
                 }
             })?;
-            Self::drop_link(m, ino, is_dir)
+            let gone = Self::drop_link(m, ino, is_dir)?;
+            if let Some(cell) = gone.as_ref().filter(|_| free) {
+                // No reader may be inside the file while it is freed (`free_now`):
+                // without waiting, under the metadata lock, or it is left to
+                // `free_now`.
+                if let Some(_io) = cell.io.try_write() {
+                    if cell.pages_end() == 0 {
+                        cell.lock().freed = true;
+                        m.to_free.remove(&ino);
+                        m.free_inode(ino)?;
+                        return Ok(None);
+                    }
+                }
+            }
+            Ok(gone)
         })?;
         drop(m);
         if let Some(cell) = gone {
@@ -660,7 +687,7 @@ impl Fs {
             }
             m.dir_remove(sp, sname)?;
             if let (Some((uid, gid)), Some(cell)) = (whiteout, white_cell) {
-                let w = m.new_inode(cell, uid, gid)?;
+                let w = m.new_inode(cell, uid, gid, Place::Near(sp))?;
                 m.update(w, |n| {
                     n.d.nlink = 1;
                     n.d.rdev = 0;

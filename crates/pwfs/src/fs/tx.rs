@@ -48,7 +48,7 @@ struct State {
     blocks: BTreeSet<u64>,
     revokes: BTreeSet<u64>,
     /// Registered inodes: their table block and what storing their extent chain may add.
-    inodes: HashMap<u64, (u64, TxSize)>,
+    inodes: HashMap<u64, (u64, TxSize), std::hash::BuildHasherDefault<crate::fs::inode::InoHasher>>,
     chains: TxSize,
     /// The chains of the inodes a closing transaction is storing, counted until their
     /// blocks are taken (`take_blocks`).
