@@ -214,7 +214,22 @@ fn git_status(side: &Side) -> R<f64> {
     Ok(t.elapsed().as_secs_f64() * 1e3)
 }
 
+/// What `--only` takes besides the personalities' names.
+const PARTS: [&str; 8] = ["untar", "find", "randwrite", "cached", "cold", "appends", "seq", "git"];
+
 pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
+    for part in &o.only {
+        let persona = Personality::ALL.iter().any(|p| p.name() == part);
+        if !PARTS.contains(&part.as_str()) && !persona {
+            let names: Vec<&str> = Personality::ALL.iter().map(|p| p.name()).collect();
+            return Err(format!(
+                "unknown part of bench fuse: {part} (parts: {}, {})",
+                PARTS.join(", "),
+                names.join(", ")
+            ));
+        }
+    }
+    let wanted = |part: &str| o.only.is_empty() || o.only.iter().any(|w| w == part);
     let _ = std::fs::create_dir_all(&o.dir);
     let device = crate::DeviceProbe::measure(&o.dir);
     // SAFETY: plain syscall.
@@ -307,34 +322,53 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
             // Each workload visits the sides in turn, starting from another side in
             // every run.
             let order: Vec<usize> = (0..n).map(|i| (i + run) % n).collect();
-            for &i in &order {
-                untar_s[i].push(untar(&sides[i], &tarball, run)?);
+            if wanted("untar") {
+                for &i in &order {
+                    untar_s[i].push(untar(&sides[i], &tarball, run)?);
+                }
             }
-            for &i in &order {
-                find_ms[i].push(find_tree(&sides[i])?);
+            if wanted("find") {
+                for &i in &order {
+                    find_ms[i].push(find_tree(&sides[i])?);
+                }
             }
-            for &i in &order {
-                wops[i].push(rand_writes(&sides[i], &s, o.seed + run as u64)?);
+            if wanted("randwrite") {
+                for &i in &order {
+                    wops[i].push(rand_writes(&sides[i], &s, o.seed + run as u64)?);
+                }
             }
-            for &i in &order {
-                cached[i].push(cached_reads(&sides[i], &s, o.seed + 50 + run as u64)?);
+            if wanted("cached") {
+                for &i in &order {
+                    cached[i].push(cached_reads(&sides[i], &s, o.seed + 50 + run as u64)?);
+                }
             }
-            for &i in &order {
-                reads[i].extend(rand_reads(&sides[i], &s, o.seed + 100 + run as u64)?);
+            if wanted("cold") {
+                for &i in &order {
+                    reads[i].extend(rand_reads(&sides[i], &s, o.seed + 100 + run as u64)?);
+                }
             }
-            for &i in &order {
-                appends[i].push(small_appends(&sides[i], &s)?);
+            if wanted("appends") {
+                for &i in &order {
+                    appends[i].push(small_appends(&sides[i], &s)?);
+                }
             }
-            for &i in &order {
-                let (w, r) = seq(&sides[i], &s)?;
-                seqw[i].push(w);
-                seqr[i].push(r);
+            if wanted("seq") {
+                for &i in &order {
+                    let (w, r) = seq(&sides[i], &s)?;
+                    seqw[i].push(w);
+                    seqr[i].push(r);
+                }
             }
-            for &i in &order {
-                git_status(&sides[i])?; // warm the metadata caches
-                git_ms[i].push(git_status(&sides[i])?);
+            if wanted("git") {
+                for &i in &order {
+                    git_status(&sides[i])?; // warm the metadata caches
+                    git_ms[i].push(git_status(&sides[i])?);
+                }
             }
             for (k, p) in Personality::ALL.into_iter().enumerate() {
+                if !wanted(p.name()) {
+                    continue;
+                }
                 let load = load_of(p);
                 for &i in &order {
                     progress(&format!("run {} of {}: {}-like on {}", run + 1, o.runs, p.name(), sides[i].name));
@@ -364,31 +398,49 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
         let cached_row = "cached 4K random read (psync)";
         let cold_row = "cold 4K random read p50";
         let append_row = "100 B appends, no sync";
-        r.row(untar_row, "s", true, &cols(&untar_s));
-        r.row(find_row, "ms", true, &cols(&find_ms));
-        r.row(&format!("4K random write, fsync/64 ({} MiB file)", s.rand_mib), "ops/s", false, &cols(&wops));
-        r.row(cached_row, "ops/s", false, &cols(&cached));
+        // Only the rows of the parts that ran, and the targets on them.
+        let row = |r: &mut Report, part: &str, name: &str, unit: &'static str, lower: bool, v: &[(&str, f64)]| {
+            if wanted(part) {
+                r.row(name, unit, lower, v);
+            }
+        };
+        row(&mut r, "untar", untar_row, "s", true, &cols(&untar_s));
+        row(&mut r, "find", find_row, "ms", true, &cols(&find_ms));
+        let wrow = format!("4K random write, fsync/64 ({} MiB file)", s.rand_mib);
+        row(&mut r, "randwrite", &wrow, "ops/s", false, &cols(&wops));
+        row(&mut r, "cached", cached_row, "ops/s", false, &cols(&cached));
         let pct: Vec<(f64, f64)> = reads.iter().map(|v| percentiles(v.clone())).collect();
         let p50: Vec<(&str, f64)> = sides.iter().zip(&pct).map(|(side, p)| (side.name, p.0)).collect();
         let p99: Vec<(&str, f64)> = sides.iter().zip(&pct).map(|(side, p)| (side.name, p.1)).collect();
-        r.row(cold_row, "us", true, &p50);
-        r.row("cold 4K random read p99", "us", true, &p99);
-        r.row(append_row, "ops/s", false, &cols(&appends));
-        r.row(&format!("seq write 1M x {} + fsync", s.seq_mib), "MB/s", false, &cols(&seqw));
-        r.row("seq read 1M cold", "MB/s", false, &cols(&seqr));
-        r.row(&format!("git status, {} files (warm)", s.git_files), "ms", true, &cols(&git_ms));
+        row(&mut r, "cold", cold_row, "us", true, &p50);
+        row(&mut r, "cold", "cold 4K random read p99", "us", true, &p99);
+        row(&mut r, "appends", append_row, "ops/s", false, &cols(&appends));
+        row(&mut r, "seq", &format!("seq write 1M x {} + fsync", s.seq_mib), "MB/s", false, &cols(&seqw));
+        row(&mut r, "seq", "seq read 1M cold", "MB/s", false, &cols(&seqr));
+        row(&mut r, "git", &format!("git status, {} files (warm)", s.git_files), "ms", true, &cols(&git_ms));
         let mut persona_rows = Vec::new();
         for (k, p) in Personality::ALL.into_iter().enumerate() {
+            if !wanted(p.name()) {
+                continue;
+            }
             let load = load_of(p);
             let name = format!("{}-like, {} threads", p.name(), load.threads);
             r.row(&name, "ops/s", false, &cols(&persona[k]));
             persona_rows.push((p, name));
         }
         r.ratio_bases.push("ext4".into());
-        r.target("cached reads", cached_row, "pwfs", "ext4", None, Some(0.7));
-        r.target("cold reads (latency: pwfs / ext4)", cold_row, "pwfs", "ext4", Some(1.0 / 0.7), None);
-        r.target("untar (time)", untar_row, "pwfs", "ext4", Some(1.3), None);
-        r.target("find (time)", find_row, "pwfs", "ext4", Some(1.3), None);
+        if wanted("cached") {
+            r.target("cached reads", cached_row, "pwfs", "ext4", None, Some(0.7));
+        }
+        if wanted("cold") {
+            r.target("cold reads (latency: pwfs / ext4)", cold_row, "pwfs", "ext4", Some(1.0 / 0.7), None);
+        }
+        if wanted("untar") {
+            r.target("untar (time)", untar_row, "pwfs", "ext4", Some(1.3), None);
+        }
+        if wanted("find") {
+            r.target("find (time)", find_row, "pwfs", "ext4", Some(1.3), None);
+        }
         for (p, name) in &persona_rows {
             let at_least = match p {
                 Personality::WebProxy => 0.7,
@@ -429,6 +481,16 @@ mod tests {
         r.check_filled().unwrap();
         assert_eq!(r.rows.len(), 14);
         assert_eq!(r.columns, ["pwfs", "pwfs-direct", "pwfs-wback", "ext4"]);
+        // `--only` runs the parts named, and refuses a name it does not know.
+        let only = Opts { only: vec!["find".into(), "varmail".into()], ..Opts::smoke(dir.clone()) };
+        let r = run(&only, &mut |_| {}).unwrap();
+        r.check_filled().unwrap();
+        let rows: Vec<&str> = r.rows.iter().map(|row| row.name.as_str()).collect();
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        assert!(rows[0].starts_with("find") && rows[1].starts_with("varmail"), "{rows:?}");
+        assert_eq!(r.targets.len(), 2);
+        let bad = Opts { only: vec!["fileservr".into()], ..Opts::smoke(dir.clone()) };
+        assert!(run(&bad, &mut |_| {}).unwrap_err().contains("unknown part"));
         let _ = std::fs::remove_dir_all(dir);
     }
 }

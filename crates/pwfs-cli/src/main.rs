@@ -115,8 +115,10 @@ enum Cmd {
         /// Where to write the JSON record (default: DIR/WORKLOAD.json).
         #[arg(long)]
         json: Option<PathBuf>,
-        /// nbw only: run these parts alone (comma-separated: seqwrite, randwrite, randrw,
-        /// randread, seqread, fuse).
+        /// Run these parts alone (comma-separated). nbw: seqwrite, randwrite, randrw,
+        /// randread, seqread, fuse; scale: overwrite, read, create, smallwrite; fuse:
+        /// untar, find, randwrite, cached, cold, appends, seq, git, fileserver, webproxy,
+        /// varmail, randomrw.
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
     },
@@ -352,8 +354,8 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             } else {
                 pwfs_bench::Opts::full(dir.clone())
             };
-            if !only.is_empty() && !matches!(workload, Workload::Nbw | Workload::Scale) {
-                return Err("--only applies to `pwfs bench nbw` and `pwfs bench scale`".into());
+            if !only.is_empty() && !matches!(workload, Workload::Nbw | Workload::Scale | Workload::Fuse) {
+                return Err("--only applies to `pwfs bench nbw`, `pwfs bench scale` and `pwfs bench fuse`".into());
             }
             opts.only = only;
             let name = match workload {

@@ -295,8 +295,8 @@ impl FsInner {
     /// Whether an operation that needs `need` may change things now: `Ok(true)` it
     /// may; `Ok(false)` the running transaction must commit first (the journal has no
     /// room for it, or committing frees space it needs); an error if it cannot be
-    /// done at all. `committed`: a commit for it has already run.
-    fn admit(&self, m: &Meta, need: &Need, committed: bool) -> Result<Option<Credit>> {
+    /// done at all. `commits`: how many commits ran for it already.
+    fn admit(&self, m: &Meta, need: &Need, commits: u32) -> Result<Option<Credit>> {
         if need.tx.log_blocks() > self.tx_room() {
             return Err(Error::no_space(format!(
                 "operation needs {} journal blocks, the journal takes {}",
@@ -306,7 +306,11 @@ impl FsInner {
         }
         let short = m.available() < need.blocks + Self::meta_reserve(m) || (need.inode && m.ifree == 0);
         if short {
-            if !committed && (m.alloc.pending_blocks() > 0 || !m.to_free.is_empty()) {
+            // Freed space comes back in stages: an unlinked inode is freed by a
+            // commit, and its blocks are free once the commit after it is durable.
+            // Under a burst of deletes and writes (50 threads of a file server) one
+            // commit was not always enough, and a write failed with space on the way.
+            if commits < 3 && (m.alloc.pending_blocks() > 0 || !m.to_free.is_empty()) {
                 return Ok(None);
             }
             let what = if need.inode && m.ifree == 0 { "no free inodes" } else { "no free blocks" };
@@ -325,16 +329,16 @@ impl FsInner {
         &self,
         mut check: impl FnMut(&mut Meta) -> Result<(Need, T)>,
     ) -> Result<(Admitted<'_>, T)> {
-        let mut committed = false;
+        let mut commits = 0;
         loop {
             let mut m = self.meta.lock();
             let (need, v) = check(&mut m)?;
-            if let Some(credit) = self.admit(&m, &need, committed)? {
+            if let Some(credit) = self.admit(&m, &need, commits)? {
                 return Ok((Admitted { m, credit }, v));
             }
             drop(m);
             self.commit()?;
-            committed = true;
+            commits += 1;
         }
     }
 
