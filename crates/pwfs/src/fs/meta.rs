@@ -51,7 +51,13 @@ pub struct Meta {
     pub generation_seed: u32,
 }
 
-const RECENT: usize = 16;
+const RECENT: usize = 32;
+
+/// The slot of `recent` an inode goes to: hashed, since inode numbers of directories
+/// are multiples of `GROUP` and would all meet in one slot.
+fn recent_slot(ino: u64) -> usize {
+    (ino.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 59) as usize % RECENT
+}
 
 /// Inode numbers a new directory claims a group of: its files are numbered inside it.
 const GROUP: u64 = 512;
@@ -454,7 +460,7 @@ impl Meta {
 
     /// The inode's cell, loaded from its table block on first use.
     pub fn cell(&mut self, ino: u64) -> Result<Arc<InodeCell>> {
-        let slot = ino as usize % RECENT;
+        let slot = recent_slot(ino);
         if let Some(cell) = self.recent[slot].as_ref().filter(|c| c.ino == ino) {
             return Ok(cell.clone());
         }
@@ -473,8 +479,8 @@ impl Meta {
 
     /// The inode, loaded and locked. Hold one guard of an inode at a time: locking it
     /// again while the guard lives deadlocks (debug builds panic).
-    pub fn inode(&mut self, ino: u64) -> Result<InodeGuard> {
-        Ok(self.cell(ino)?.lock())
+    pub fn inode(&mut self, ino: u64) -> Result<InodeGuard<'static>> {
+        Ok(self.cell(ino)?.lock_owned())
     }
 
     fn load_inode(&mut self, ino: u64) -> Result<Inode> {
@@ -687,8 +693,8 @@ impl Meta {
             g.clone()
         };
         self.table.remove(ino);
-        if self.recent[ino as usize % RECENT].as_ref().is_some_and(|c| c.ino == ino) {
-            self.recent[ino as usize % RECENT] = None;
+        if self.recent[recent_slot(ino)].as_ref().is_some_and(|c| c.ino == ino) {
+            self.recent[recent_slot(ino)] = None;
         }
         self.tx.forget(ino);
         let journaled = node.is_dir() || node.kind() == f::S_IFLNK;
