@@ -475,21 +475,26 @@ impl Fs {
                     p.d.nlink -= 1;
                 }
             })?;
-            let gone = Self::drop_link(m, ino, is_dir)?;
-            if let Some(cell) = gone.as_ref().filter(|_| free) {
+            if free {
+                let cell = m.cell(ino)?;
                 // No reader may be inside the file while it is freed (`free_now`):
                 // without waiting, under the metadata lock, or it is left to
-                // `free_now`.
+                // `free_now` (through `drop_link`). The open count is read under the
+                // inode's lock, as `open_cell` changes it: one of the two sees the other.
                 if let Some(_io) = cell.io.try_write() {
-                    if cell.pages_end() == 0 {
-                        cell.lock().freed = true;
-                        m.to_free.remove(&ino);
+                    let mut node = cell.lock();
+                    let last = is_dir || node.d.nlink == 1;
+                    let opens = cell.opens.load(std::sync::atomic::Ordering::Acquire);
+                    if last && opens == 0 && cell.pages_end() == 0 {
+                        node.d.nlink = 0;
+                        node.freed = true;
+                        drop(node);
                         m.free_inode(ino)?;
                         return Ok(None);
                     }
-                }
+                };
             }
-            Ok(gone)
+            Self::drop_link(m, ino, is_dir)
         })?;
         drop(m);
         if let Some(cell) = gone {
