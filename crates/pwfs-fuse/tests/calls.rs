@@ -376,8 +376,9 @@ fn deleted_files_are_freed_after_their_last_close() {
         let (dev, fs, dir, mounted) = fresh("freed", cache);
         let p = |s: &str| dir.join(s);
         std::fs::write(p("first"), b"x").unwrap();
-        std::fs::read(p("first")).unwrap(); // an open request, or the kernel learns it need not
-                                            // The directory grows to hold the names once (directories do not shrink).
+        // An open request, or the kernel learns it need not send one.
+        std::fs::read(p("first")).unwrap();
+        // The directory grows to hold the names once (directories do not shrink).
         for i in 0..20 {
             std::fs::write(p(&format!("f{i}")), b"").unwrap();
         }

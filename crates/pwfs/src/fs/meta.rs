@@ -623,9 +623,8 @@ impl Meta {
     /// number comes from (`Place`) keeps the inodes of one directory in the same
     /// table blocks and bitmap words, and those of two directories apart: threads
     /// creating in directories of their own then change different cache lines and
-    /// blocks (two threads creating and deleting in two directories ran at 0.78× one
-    /// thread with numbers taken from one shared hint, 0.98× with groups of 64
-    /// numbers, which share a cache line of the bitmap, and 1.1× with groups of 512).
+    /// blocks (groups of 512 numbers, not 64: 64 bytes of the bitmap, a cache line of
+    /// their own; measured in docs/BENCHMARKS.md).
     pub fn new_inode(&mut self, mut cell: Arc<InodeCell>, uid: u32, gid: u32, place: Place) -> Result<u64> {
         if self.ifree == 0 {
             return Err(Error::no_space("no free inodes"));

@@ -127,9 +127,9 @@ impl Fs {
         found.unwrap_or(Ok(None))
     }
 
-    /// `name` can be added to `parent`: a valid name, in a live directory, not taken.
-    fn check_new_name(m: &mut Meta, parent: u64, name: &[u8]) -> Result<()> {
-        check_name(name)?;
+    /// `parent` can take a new inode: a directory, not removed, not immutable. Returns
+    /// its mode, group and link count.
+    fn live_dir(m: &mut Meta, parent: u64) -> Result<(u32, u32, u32)> {
         let p = m.inode(parent)?;
         if !p.is_dir() {
             return Err(Error::not_dir(""));
@@ -138,11 +138,18 @@ impl Fs {
             return Err(Error::not_found("directory was removed"));
         }
         deny_immutable(&p)?;
-        drop(p);
+        Ok((p.d.mode, p.d.gid, p.d.nlink))
+    }
+
+    /// `name` can be added to `parent`: a valid name, in a live directory (`live_dir`,
+    /// whose answer it returns), not taken.
+    fn check_new_name(m: &mut Meta, parent: u64, name: &[u8]) -> Result<(u32, u32, u32)> {
+        check_name(name)?;
+        let dir = Self::live_dir(m, parent)?;
         if is_dot(name) || m.lookup(parent, name)?.is_some() {
             return Err(Error::exists(""));
         }
-        Ok(())
+        Ok(dir)
     }
 
     /// `target` may go away in place of (rename) or as (rmdir/unlink) something that is
@@ -164,11 +171,7 @@ impl Fs {
         let is_dir = mode & f::S_IFMT == f::S_IFDIR;
         let long_target = target.is_some_and(|t| t.len() > f::INLINE_MAX);
         let (mut m, (mode, gid, xattrs)) = self.inner.admitted(|m| {
-            Self::check_new_name(m, parent, name)?;
-            let (dir_mode, dir_gid, dir_nlink) = {
-                let p = m.inode(parent)?;
-                (p.d.mode, p.d.gid, p.d.nlink)
-            };
+            let (dir_mode, dir_gid, dir_nlink) = Self::check_new_name(m, parent, name)?;
             if is_dir && dir_nlink >= LINK_MAX {
                 return Err(Error::too_many_links(""));
             }
@@ -298,17 +301,7 @@ impl Fs {
         self.inner.check_writable()?;
         let mode = f::S_IFREG | (mode & 0o7777);
         let (mut m, (mode, gid, xattrs)) = self.inner.admitted(|m| {
-            let (dir_mode, dir_gid) = {
-                let p = m.inode(parent)?;
-                if !p.is_dir() {
-                    return Err(Error::not_dir(""));
-                }
-                if p.d.nlink == 0 {
-                    return Err(Error::not_found("directory was removed"));
-                }
-                deny_immutable(&p)?;
-                (p.d.mode, p.d.gid)
-            };
+            let (dir_mode, dir_gid, _) = Self::live_dir(m, parent)?;
             let (mode, gid, xattrs) = Self::new_mode(m, parent, dir_mode, dir_gid, mode, who)?;
             // The new inode and its bitmap block, the blocks of inherited ACLs and their
             // bitmap blocks.
