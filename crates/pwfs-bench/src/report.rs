@@ -119,8 +119,12 @@ impl Report {
         self.rows.iter().find(|r| r.name == row).and_then(|r| r.values.get(col)).copied().unwrap_or(f64::NAN)
     }
 
-    /// Record a target on the ratio `a/b` of two cells.
+    /// Record a target on the ratio `a/b` of two cells; none if the row was not run
+    /// (`--only`).
     pub fn target(&mut self, what: &str, row: &str, a: &str, b: &str, at_most: Option<f64>, at_least: Option<f64>) {
+        if !self.rows.iter().any(|r| r.name == row) {
+            return;
+        }
         let ratio = self.value(row, a) / self.value(row, b);
         let (met, text) = match (at_most, at_least) {
             (Some(m), _) => (ratio <= m, format!("<= {m}")),
