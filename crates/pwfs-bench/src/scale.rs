@@ -236,6 +236,9 @@ fn prepare(fs: &Fs, dir: &Path) -> R<()> {
     fs.write_file("/shared", &fill(SHARED_BYTES)).map_err(err("pwfs prepare"))?;
     std::fs::write(dir.join("shared"), fill(SHARED_BYTES)).map_err(err("ext4 prepare"))?;
     fs.sync().map_err(err("sync"))?;
+    // The kernel's files start on disk too, as the engine's do.
+    // SAFETY: sync(2) has no arguments and cannot fail.
+    unsafe { libc::sync() };
     // Warm both caches with the shared file.
     let mut buf = vec![0u8; MIB as usize];
     let f = OpenOptions::new().read(true).open(fs, "/shared").map_err(err("open"))?;
