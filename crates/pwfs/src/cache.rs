@@ -244,6 +244,29 @@ impl PageCache {
         p
     }
 
+    /// Pages `first..first + n` of `ino` that are in the cache (an access of each),
+    /// a shard lock per group; nothing is inserted. Misses are counted by the
+    /// `get_or_insert` that follows them.
+    pub fn lookup_range(&self, ino: u64, first: u64, n: u64) -> Vec<Option<Arc<Page>>> {
+        let mut out = Vec::with_capacity(n as usize);
+        let mut idx = first;
+        while idx < first + n {
+            let end = (((idx >> GROUP_SHIFT) + 1) << GROUP_SHIFT).min(first + n);
+            let shard = self.shard((ino, idx));
+            let m = shard.map.lock();
+            for idx in idx..end {
+                let p = m.pages.get(&(ino, idx)).cloned();
+                if let Some(p) = &p {
+                    p.touch();
+                    shard.stats.hits.fetch_add(1, Ordering::Relaxed);
+                }
+                out.push(p);
+            }
+            idx = end;
+        }
+        out
+    }
+
     /// The page for `key`, inserting it in `Fetching` state if absent. The bool says
     /// whether this call inserted it (and so must fill it).
     pub fn get_or_insert(&self, key: Key) -> (Arc<Page>, bool) {

@@ -211,6 +211,9 @@ impl FsInner {
     }
 
     fn commit_once(&self) -> Result<()> {
+        if self.config.stack == crate::config::Stack::Async {
+            return self.commit_overlapped();
+        }
         let wrote = self.writeback_locked()?;
         let (tx, frees) = {
             let mut m = self.meta.lock();
@@ -220,6 +223,7 @@ impl FsInner {
         if tx.is_empty() {
             if wrote {
                 self.dev.flush().map_err(|e| self.poison(e.into()))?;
+                crate::aios::completed();
             }
             self.meta.lock().alloc.release(frees);
             return Ok(());
@@ -228,7 +232,9 @@ impl FsInner {
         self.clean.before_change(&*self.dev, &self.sb).map_err(|e| self.poison(e))?;
         let mut j = self.journal.lock();
         let before = j.stats.checkpoints;
+        crate::aios::submitting();
         j.commit(&*self.dev, tx).map_err(|e| self.poison(e))?;
+        crate::aios::completed();
         let checkpointed = j.stats.checkpoints != before;
         drop(j);
         let mut m = self.meta.lock();

@@ -40,6 +40,18 @@ pub struct JournalStats {
     pub blocks_logged: u64,
 }
 
+/// A transaction whose descriptor and image blocks are on their way to the log
+/// ([`Journal::start`]); dropping it waits for them and commits nothing.
+pub struct StartedCommit {
+    body: crate::device::Pending,
+    commit: JournalCommit,
+    /// Byte offset of the commit block.
+    commit_at: u64,
+    n_body: u64,
+    images: Vec<(u64, Arc<AlignedBuf>)>,
+    revokes: Vec<u64>,
+}
+
 /// One transaction ready to commit.
 pub struct Transaction {
     pub images: Vec<(u64, AlignedBuf)>,
@@ -89,11 +101,30 @@ impl Journal {
     }
 
     /// Make the transaction durable. On error nothing is known about the medium; the
-    /// caller must poison the file system.
+    /// caller must poison the file system. The classic order, each step waiting for
+    /// the one before (`Stack::Sync`): descriptor and images written, flush, commit
+    /// block built and written, flush.
     pub fn commit(&mut self, dev: &dyn Device, tx: Transaction) -> Result<()> {
         if tx.is_empty() {
             return Ok(());
         }
+        let started = self.start(dev, tx)?;
+        check(started.body.wait())?;
+        dev.flush()?;
+        let mut c = dev.alloc(BLOCK_SIZE);
+        started.commit.encode(&mut c);
+        let (_, r) = dev.write(started.commit_at, c);
+        r?;
+        dev.flush()?;
+        self.committed(started.n_body, started.images, &started.revokes);
+        Ok(())
+    }
+
+    /// Put a transaction's descriptor and image blocks on the device and return
+    /// without waiting for them (after a checkpoint, if the log has no room; that
+    /// one waits). Nothing is committed until [`Journal::finish`] or the caller's own
+    /// commit-block write; the journal's position does not move before then.
+    pub fn start(&mut self, dev: &dyn Device, tx: Transaction) -> Result<StartedCommit> {
         let need = tx.log_blocks();
         if need > self.log_len {
             return Err(Error::no_space("transaction larger than the journal"));
@@ -143,26 +174,50 @@ impl Journal {
             ops.push(Op { kind: OpKind::Write, offset: off, bufs });
             off += len;
         }
-        check(dev.submit(ops))?;
-        dev.flush()?;
+        let body = dev.start(ops);
+        Ok(StartedCommit { body, commit, commit_at: at + n_body * BLOCK, n_body, images, revokes: tx.revokes })
+    }
+
+    /// Finish a started transaction, the asynchronous stack's way (`Stack::Async`):
+    /// the commit block is built while the body is in flight, then `data` waits for
+    /// the transaction's data writes (ordered mode), the body is waited for, one flush
+    /// makes both durable, and the commit block goes out as a FUA write (the device
+    /// writes and flushes it where it has no FUA). The order on the medium is the
+    /// classic one: data and journal body durable before the commit block is written.
+    pub fn finish(
+        &mut self,
+        dev: &dyn Device,
+        started: StartedCommit,
+        data: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let StartedCommit { body, commit, commit_at, n_body, images, revokes } = started;
         let mut c = dev.alloc(BLOCK_SIZE);
         commit.encode(&mut c);
-        let (_, r) = dev.write(at + n_body * BLOCK, c);
-        r?;
+        let waited = check(body.wait());
+        data()?;
+        waited?;
         dev.flush()?;
+        let mut done = dev.submit(vec![Op::write_fua(commit_at, c)]);
+        done.pop().expect("one op").result?;
+        self.committed(n_body, images, &revokes);
+        Ok(())
+    }
+
+    /// The transaction is durable: move past it in the log, keep its images for the
+    /// checkpoint.
+    fn committed(&mut self, n_body: u64, images: Vec<(u64, Arc<AlignedBuf>)>, revokes: &[u64]) {
         self.pos += n_body + 1;
         self.next_seq += 1;
         self.stats.commits += 1;
         self.stats.blocks_logged += n_body + 1;
         // A revoked block has no committed image to write home any more; a block is
         // never revoked and logged in one transaction (logging cancels the revoke).
-        for r in &tx.revokes {
+        for r in revokes {
             self.pending.remove(r);
         }
         for (home, img) in images {
             self.pending.insert(home, img);
         }
-        Ok(())
     }
 
     /// Write every committed image home, then empty the log.

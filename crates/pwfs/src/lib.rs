@@ -16,6 +16,7 @@
 //! `fs`), never through a mounted file system, so that it checks what is on the medium.
 //! Modules below `fs` are private to the crate; what front ends may use is re-exported.
 
+mod aios;
 mod alloc;
 mod cache;
 mod commit;
@@ -31,6 +32,7 @@ mod nbw;
 mod readahead;
 mod writeback;
 
+pub use aios::{IoTimes, PathTimes};
 pub use journal::JournalStats;
 
 pub use config::{Config, FetchPolicy, IoPath, LockMode, MountCheck, Stack};
@@ -56,6 +58,7 @@ pub fn device_options(config: &Config) -> UringOptions {
     UringOptions {
         arena_bytes: config.cache_bytes as usize + (32 << 20),
         lock: if config.read_only { Lock::Shared } else { Lock::Exclusive },
+        poll: config.poll,
         ..Default::default()
     }
 }

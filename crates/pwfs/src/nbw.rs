@@ -85,11 +85,16 @@ pub(crate) enum FetchMsg {
 
 /// A fetch on the device: its pages (Fetching) and which of them each op fills.
 pub(crate) struct StartedFetch {
-    ino: u64,
-    pages: Vec<Arc<Page>>,
-    owners: Vec<Vec<usize>>,
-    pending: Pending,
+    pub ino: u64,
+    pub pages: Vec<Arc<Page>>,
+    /// For each request, the page (index in `pages`) each of its buffers fills, or
+    /// [`DISCARD`] for a buffer read for nothing (a page someone else cached first).
+    pub owners: Vec<Vec<usize>>,
+    pub pending: Pending,
 }
+
+/// An owner slot of a buffer whose data nobody takes.
+pub(crate) const DISCARD: usize = usize::MAX;
 
 /// Fetches the fetcher could not complete because the file system was being dropped:
 /// `shutdown` completes them (their pages are dirty, and the last commit waits for
@@ -167,7 +172,7 @@ impl FsInner {
     /// A page's patches (`bytes`, 0 if it had none) leave patch memory: applied to its
     /// data (under the page lock, before the page becomes readable), dropped with the
     /// page, or lost with a failed fetch.
-    fn settle_patches(&self, bytes: usize) {
+    pub(crate) fn settle_patches(&self, bytes: usize) {
         if bytes > 0 {
             self.stats.patch_bytes.fetch_sub(bytes as i64, Ordering::Relaxed);
             self.stats.patched_pages.fetch_sub(1, Ordering::Relaxed);
@@ -317,6 +322,7 @@ impl FsInner {
             return Ok(None);
         }
         self.stats.data_reads.fetch_add(ops.len() as u64, Ordering::Relaxed);
+        crate::aios::submitting();
         let pending = self.dev.start(ops);
         Ok(Some(StartedFetch { ino, pages, owners, pending }))
     }
@@ -328,18 +334,23 @@ impl FsInner {
         let StartedFetch { ino, pages, owners, pending } = s;
         let mut err = None;
         let mut again = Vec::new();
-        for (d, own) in pending.wait().into_iter().zip(owners) {
+        let done = pending.wait();
+        crate::aios::completed();
+        for (d, own) in done.into_iter().zip(owners) {
             match d.result {
                 Ok(()) => {
-                    for (buf, i) in d.bufs.into_iter().zip(own) {
+                    let bufs = d.bufs.into_iter().zip(own.iter().copied());
+                    for (buf, i) in bufs.filter(|(_, i)| *i != DISCARD) {
                         let g = pages[i].lock();
                         self.settle_patches(g.patch_bytes());
                         pages[i].complete(g, buf);
                     }
                 }
-                Err(DevError::Io(libc::ECANCELED)) => again.extend(own.into_iter().map(|i| pages[i].clone())),
+                Err(DevError::Io(libc::ECANCELED)) => {
+                    again.extend(own.into_iter().filter(|i| *i != DISCARD).map(|i| pages[i].clone()))
+                }
                 Err(e) => {
-                    for i in own {
+                    for i in own.into_iter().filter(|i| *i != DISCARD) {
                         self.fail_page(ino, &pages[i]);
                     }
                     err = Some(Error::from(e));

@@ -12,6 +12,24 @@ use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
+/// Data write-back whose requests are placed and on the device (`writeback_begin`).
+/// Dropping it waits for the requests but leaves the pages' buffers with them: it is
+/// always ended with `writeback_end`.
+pub(crate) struct StartedWriteback {
+    io: WritebackIo,
+    /// The pages, in the order of the requests' buffers.
+    written: Vec<Arc<Page>>,
+    /// An error placing the pages (the rest were not written).
+    mapped: Result<()>,
+}
+
+enum WritebackIo {
+    /// Already waited for (`submit_stream`).
+    Done(Vec<crate::device::Done>),
+    /// In flight.
+    Started(Vec<crate::device::Pending>),
+}
+
 pub(crate) fn writeback_thread(fs: Weak<FsInner>, wake: Arc<(Mutex<bool>, Condvar)>, every: std::time::Duration) {
     loop {
         {
@@ -86,9 +104,22 @@ impl FsInner {
     /// Write every dirty page home, allocating blocks for unmapped pages. Returns
     /// whether anything was written. The caller holds the commit lock.
     pub(crate) fn writeback_locked(&self) -> Result<bool> {
+        match self.writeback_begin(false)? {
+            None => Ok(false),
+            Some(s) => self.writeback_end(s).map(|()| true),
+        }
+    }
+
+    /// Place every dirty page and put its write on the device. `overlap` false: the
+    /// writes are waited for here, each chunk's bookkeeping overlapping the writes
+    /// of the chunks before it (`writeback_end` only settles the pages). `overlap`
+    /// true (the asynchronous stack's commit): every chunk is started and none waited
+    /// for, so that the caller builds and starts the journal while the data is in
+    /// flight. None if nothing was dirty. The caller holds the commit lock.
+    pub(crate) fn writeback_begin(&self, overlap: bool) -> Result<Option<StartedWriteback>> {
         let pages = self.cache.take_dirty();
         if pages.is_empty() {
-            return Ok(false);
+            return Ok(None);
         }
         // Pages with patches get their data first (a failed fetch is remembered for the
         // file's next fsync; its page is dropped and not written).
@@ -127,7 +158,28 @@ impl FsInner {
             }
             None
         };
-        let done = self.dev.submit_stream(&mut next);
+        crate::aios::submitting();
+        let io = if overlap {
+            let mut started = Vec::new();
+            while let Some(ops) = next() {
+                started.push(self.dev.start(ops));
+            }
+            WritebackIo::Started(started)
+        } else {
+            WritebackIo::Done(self.dev.submit_stream(&mut next))
+        };
+        Ok(Some(StartedWriteback { io, written, mapped }))
+    }
+
+    /// Wait for a write-back's requests and give the pages their buffers back; an
+    /// error (of placing or of writing) poisons the file system.
+    pub(crate) fn writeback_end(&self, s: StartedWriteback) -> Result<()> {
+        let StartedWriteback { io, written, mapped } = s;
+        let done = match io {
+            WritebackIo::Done(done) => done,
+            WritebackIo::Started(started) => started.into_iter().flat_map(crate::device::Pending::wait).collect(),
+        };
+        crate::aios::completed();
         self.stats.data_writes.fetch_add(written.len() as u64, Ordering::Relaxed);
         let mut result = mapped;
         let mut written = written.into_iter();
@@ -140,8 +192,7 @@ impl FsInner {
                 written.next().expect("one page per buffer").end_writeback(buf);
             }
         }
-        result.map_err(|e| self.poison(e))?;
-        Ok(true)
+        result.map_err(|e| self.poison(e))
     }
 
     /// Lend the buffers of `chunk`'s dirty pages to write-back, place them (allocating

@@ -51,6 +51,8 @@ struct Ring {
     state: Mutex<RingState>,
     /// Signalled when the reaper has reaped.
     reaped: Condvar,
+    /// Hybrid polling: how long the reaper spins before it sleeps (ns).
+    spin_ns: Arc<AtomicU64>,
 }
 
 struct RingState {
@@ -100,6 +102,9 @@ pub struct UringDevice {
     id: u64,
     arena: Arc<Arena>,
     depth: u32,
+    /// How long a waiter spins before it sleeps (ns; 0: no polling). Shared with the
+    /// rings.
+    spin_ns: Arc<AtomicU64>,
 }
 
 #[derive(Debug, Clone)]
@@ -112,11 +117,15 @@ pub struct UringOptions {
     pub direct: bool,
     /// Advisory lock on the image (flock), taken without waiting.
     pub lock: Lock,
+    /// Hybrid polling: a waiter spins on the completion queue before it sleeps, for
+    /// a time calibrated when the device opens (1.5x the median of eight 4 KiB reads,
+    /// 5-200 us). IOPOLL is not used: it needs a device with poll queues.
+    pub poll: bool,
 }
 
 impl Default for UringOptions {
     fn default() -> Self {
-        UringOptions { arena_bytes: 64 << 20, queue_depth: 64, direct: true, lock: Lock::None }
+        UringOptions { arena_bytes: 64 << 20, queue_depth: 64, direct: true, lock: Lock::None, poll: false }
     }
 }
 
@@ -134,12 +143,44 @@ impl UringDevice {
         // Probe that io_uring works here at all, so that open fails cleanly rather than
         // the first request.
         IoUring::new(2)?;
-        Ok(UringDevice {
+        let dev = UringDevice {
             medium: Arc::new(medium),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             arena: Arena::new(4096, slots)?,
             depth: opts.queue_depth.clamp(1, 4096),
-        })
+            spin_ns: Arc::new(AtomicU64::new(0)),
+        };
+        if opts.poll {
+            dev.spin_ns.store(dev.calibrate_spin().as_nanos() as u64, Ordering::Relaxed);
+        }
+        Ok(dev)
+    }
+
+    /// The spin time of hybrid polling: 1.5x the median latency of eight 4 KiB reads
+    /// spread over the device, within 5-200 us (a read that takes longer than that is
+    /// slept for: spinning through it would cost a core for little).
+    fn calibrate_spin(&self) -> std::time::Duration {
+        use std::time::{Duration, Instant};
+        let len = self.medium.len();
+        let mut lat: Vec<Duration> = (0..8u64)
+            .filter_map(|i| {
+                let at = (len / 8 * i) / 4096 * 4096;
+                (at + 4096 <= len).then_some(at)
+            })
+            .filter_map(|at| {
+                let t = Instant::now();
+                let (_, r) = self.read(at, self.alloc(4096));
+                r.ok().map(|()| t.elapsed())
+            })
+            .collect();
+        lat.sort();
+        let median = lat.get(lat.len() / 2).copied().unwrap_or(Duration::from_micros(50));
+        (median * 3 / 2).clamp(Duration::from_micros(5), Duration::from_micros(200))
+    }
+
+    /// The spin time of hybrid polling (zero: off).
+    pub fn poll_spin(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.spin_ns.load(Ordering::Relaxed))
     }
 
     /// This thread's ring for this device.
@@ -175,6 +216,7 @@ impl UringDevice {
                     next_id: 0,
                 }),
                 reaped: Condvar::new(),
+                spin_ns: self.spin_ns.clone(),
             });
             rings.push(ThreadRing { device: self.id, alive: Arc::downgrade(&self.medium), ring: ring.clone() });
             ring
@@ -319,11 +361,33 @@ impl Ring {
                 return Ok(st);
             }
             st.reaping = true;
-            let r = MutexGuard::unlocked(&mut st, || enter_wait(&self.ring));
+            let r = MutexGuard::unlocked(&mut st, || self.await_completion());
             st.reaping = false;
             self.reaped.notify_all();
             r?;
         }
+    }
+
+    /// The reaper's wait for a completion: with hybrid polling, spin on the
+    /// completion queue first (the owner keeps submitting meanwhile: the state lock
+    /// is not held); then sleep in the kernel.
+    fn await_completion(&self) -> Result<(), i32> {
+        let spin = self.spin_ns.load(Ordering::Relaxed);
+        if spin > 0 {
+            let t = std::time::Instant::now();
+            loop {
+                // SAFETY: only the reaper uses the completion queue while it waits,
+                // and it only looks at the queue's length here.
+                if !unsafe { self.ring.completion_shared() }.is_empty() {
+                    return Ok(());
+                }
+                if t.elapsed().as_nanos() as u64 >= spin {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+        }
+        enter_wait(&self.ring)
     }
 
     /// Whether there is room for more work: nothing waiting and a free slot.

@@ -138,6 +138,8 @@ pub(crate) struct FsInner {
     /// the next fsync of the file reports EIO (then the error is consumed).
     pub(crate) fetch_errors: Mutex<std::collections::HashSet<u64>>,
     pub(crate) stats: FsStats,
+    /// Where read misses and fsyncs spend their time (`Config::trace_io`).
+    pub(crate) times: crate::aios::Times,
 }
 
 #[derive(Debug, Default)]
@@ -193,6 +195,9 @@ impl Fs {
 
     pub fn mount_report(dev: Arc<dyn Device>, config: Config) -> Result<(Fs, MountReport)> {
         config.validate()?;
+        if config.trace_io {
+            crate::aios::enable_tracing();
+        }
         let gate = Arc::new(crate::device::gate::Gate::new(dev));
         let dev: Arc<dyn Device> = gate.clone();
         let (sb, used_backup) = read_superblock(&*dev)?;
@@ -251,6 +256,7 @@ impl Fs {
             fetch_leftover: Default::default(),
             fetch_errors: Mutex::new(Default::default()),
             stats: FsStats::default(),
+            times: Default::default(),
             config,
         });
         // The root must be a directory.
@@ -399,6 +405,12 @@ impl Fs {
 
     pub fn cache_stats(&self) -> (u64, u64, u64) {
         self.inner.cache.stats()
+    }
+
+    /// Where the time of read misses and fsyncs went, summed (all zero unless the
+    /// mount has `Config::trace_io`).
+    pub fn io_times(&self) -> crate::aios::IoTimes {
+        self.inner.times.get()
     }
 
     /// Counters of the non-blocking writes (mechanism 1).

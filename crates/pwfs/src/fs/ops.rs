@@ -9,8 +9,10 @@ use super::inode::{Inode, InodeCell};
 use super::meta::{ftype_of, now, Meta, Place, TxSize};
 use super::perm::{self, Acl, Creator};
 use super::{Fs, FsInner};
+use crate::aios::Trace;
 use crate::cache::PageState;
 use crate::commit::{entry_cost, Need};
+use crate::config::Stack;
 use crate::error::{Error, Result};
 use crate::format::{self as f, BLOCK, BLOCK_SIZE};
 use crate::readahead::RaState;
@@ -1050,7 +1052,9 @@ impl Fs {
     /// or the inode's). A cached read takes no lock another reader of the file takes,
     /// but for a shard of the file's access lock.
     pub(crate) fn read_cell(&self, cell: &InodeCell, ra: &RaState, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let trace = Trace::begin(self.inner.config.trace_io);
         let n = self.read_data(cell, ra, offset, buf)?;
+        trace.end(&self.inner.times.reads);
         if self.inner.config.atime {
             self.touch_atime(cell);
         }
@@ -1098,16 +1102,21 @@ impl Fs {
         let len = (buf.len() as u64).min(size - offset) as usize;
         let (first, last) = (offset / BLOCK, (offset + len as u64 - 1) / BLOCK);
         self.inner.readahead(ino, ra, offset, len as u64, size);
-        let mut pages = Vec::with_capacity((last - first + 1) as usize);
-        let mut missing = Vec::new();
         cell.note_pages(last + 1);
-        for (p, new) in self.inner.cache.get_or_insert_range(ino, first, last - first + 1) {
-            if new {
-                missing.push(p.clone());
+        let pages = if self.inner.config.stack == Stack::Async {
+            self.inner.read_pages_async(cell, first, last - first + 1)?
+        } else {
+            let mut pages = Vec::with_capacity((last - first + 1) as usize);
+            let mut missing = Vec::new();
+            for (p, new) in self.inner.cache.get_or_insert_range(ino, first, last - first + 1) {
+                if new {
+                    missing.push(p.clone());
+                }
+                pages.push(p);
             }
-            pages.push(p);
-        }
-        self.inner.fetch(ino, missing)?;
+            self.inner.fetch(ino, missing)?;
+            pages
+        };
         let mut done = 0;
         for p in pages {
             let pos = offset + done as u64;
@@ -1523,7 +1532,9 @@ impl Fs {
     /// the data in place and flushes: times need not be durable (POSIX), so a durable
     /// overwrite costs one data write and one flush, with no journal I/O.
     pub fn fsync(&self, ino: u64, datasync: bool) -> Result<()> {
+        let trace = Trace::begin(self.inner.config.trace_io);
         let r = self.fsync_inner(ino, datasync);
+        trace.end(&self.inner.times.fsyncs);
         self.take_fetch_error(ino)?;
         r
     }
@@ -1560,6 +1571,9 @@ impl Fs {
         if self.inner.cell(ino)?.lock().data_meta_dirty {
             return self.inner.commit_locked();
         }
-        self.inner.dev.flush().map_err(|e| self.inner.poison(e.into()))
+        crate::aios::submitting();
+        self.inner.dev.flush().map_err(|e| self.inner.poison(e.into()))?;
+        crate::aios::completed();
+        Ok(())
     }
 }
