@@ -52,6 +52,20 @@ pub fn parse_options(opts: &str, sloppy: bool, o: &mut MountOpts) -> Result<(), 
                     _ => return Err(format!("fetch={v}: expected blocking, async-fg, async-bg or lazy")),
                 })
             }
+            ("stack", Some(v)) => {
+                o.stack = Some(match v {
+                    "sync" => pwfs::Stack::Sync,
+                    "async" => pwfs::Stack::Async,
+                    _ => return Err(format!("stack={v}: expected sync or async")),
+                })
+            }
+            ("poll", Some(v)) => {
+                o.poll = Some(match v {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(format!("poll={v}: expected on or off")),
+                })
+            }
             ("kernel_cache", Some(v)) => {
                 o.kernel_cache = Some(match v {
                     "off" => KernelCache::Off,
@@ -106,7 +120,7 @@ pub fn parse_options(opts: &str, sloppy: bool, o: &mut MountOpts) -> Result<(), 
             _ if sloppy => {}
             _ => {
                 return Err(format!(
-                    "unknown mount option {item:?} (pwfs takes cache=SIZE, fetch=POLICY, kernel_cache=MODE, threads=N, \
+                    "unknown mount option {item:?} (pwfs takes cache=SIZE, fetch=POLICY, stack=sync|async, poll=on|off, kernel_cache=MODE, threads=N, \
                      check, allow_other, fsname=NAME, and ro/rw, suid/nosuid, dev/nodev, exec/noexec, \
                      the atime options, sync/async, dirsync)"
                 ))
@@ -243,6 +257,10 @@ mod tests {
         assert!(e.contains("unknown mount option \"bogus\""), "{e}");
         parse_options("bogus", true, &mut o).unwrap();
         assert!(parse_options("fetch=sometimes", false, &mut o).is_err());
+        assert!(parse_options("stack=later", false, &mut o).is_err());
+        assert!(parse_options("poll=yes", false, &mut o).is_err());
+        parse_options("stack=async,poll=on", false, &mut o).unwrap();
+        assert_eq!((o.stack, o.poll), (Some(pwfs::Stack::Async), Some(true)));
         assert!(parse_options("cache=lots", false, &mut o).is_err());
     }
 }

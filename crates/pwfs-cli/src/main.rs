@@ -62,6 +62,15 @@ enum Cmd {
         /// fetch later.
         #[arg(long, value_enum, default_value = "async-bg")]
         fetch: Fetch,
+        /// The I/O stack: sync waits for each step before the next (the off-switch);
+        /// async submits first and does the bookkeeping while the device works (a read
+        /// miss, the commit of an fsync).
+        #[arg(long, value_enum, default_value = "sync")]
+        stack: StackArg,
+        /// Hybrid polling: a thread waiting for the device spins for about one 4 KiB
+        /// read's latency before it sleeps (lower latency, a busier core).
+        #[arg(long, value_enum, default_value = "off")]
+        poll: OnOff,
         /// Run the full consistency check before mounting, even if the image was
         /// unmounted cleanly (it always runs when it was not).
         #[arg(long)]
@@ -128,6 +137,18 @@ enum Cmd {
 const DEFAULT_IMAGE: &str = "pwfs.img";
 /// The default mount point.
 const DEFAULT_MOUNTPOINT: &str = "/mnt/pwfs";
+
+#[derive(Clone, Copy, ValueEnum)]
+enum StackArg {
+    Sync,
+    Async,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum OnOff {
+    On,
+    Off,
+}
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Fetch {
@@ -304,6 +325,8 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             daemon,
             allow_other,
             fetch,
+            stack,
+            poll,
             check,
             kernel_cache,
             atime,
@@ -312,6 +335,11 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             let mut opts = mount::MountOpts {
                 cache: Some(cache),
                 fetch: Some(fetch.into()),
+                stack: Some(match stack {
+                    StackArg::Sync => pwfs::Stack::Sync,
+                    StackArg::Async => pwfs::Stack::Async,
+                }),
+                poll: Some(matches!(poll, OnOff::On)),
                 kernel_cache: Some(kernel_cache.into()),
                 check,
                 allow_other,

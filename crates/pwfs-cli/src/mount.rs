@@ -66,6 +66,10 @@ fn daemonize() -> Result<std::fs::File, String> {
 pub struct MountOpts {
     pub cache: Option<u64>,
     pub fetch: Option<pwfs::FetchPolicy>,
+    /// The I/O stack (mechanism 4): `stack=sync|async`.
+    pub stack: Option<pwfs::Stack>,
+    /// Hybrid polling of completions: `poll=on|off`.
+    pub poll: Option<bool>,
     pub kernel_cache: Option<pwfs_fuse::KernelCache>,
     /// Run the full check even on an image unmounted cleanly.
     pub check: bool,
@@ -126,6 +130,8 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
     let config = Config {
         cache_bytes: o.cache.unwrap_or(DEFAULT_CACHE),
         fetch: o.fetch.unwrap_or(pwfs::FetchPolicy::AsyncBackground),
+        stack: o.stack.unwrap_or_default(),
+        poll: o.poll.unwrap_or(false),
         check_on_mount,
         atime,
         ..Default::default()

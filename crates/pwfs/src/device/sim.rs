@@ -48,9 +48,21 @@ pub enum LogEntry {
     Flush,
 }
 
+/// What the device saw, in order (recorded with the log): the ops as they were
+/// carried out, and when their batch's results were handed to the caller. A write
+/// is known complete to the caller only from its batch's `Completed` on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    Write { batch: u64, offset: u64, len: u64, fua: bool },
+    Flush { batch: u64 },
+    Completed { batch: u64 },
+}
+
 struct State {
     rng: SmallRng,
     log: Vec<LogEntry>,
+    events: Vec<Event>,
+    next_batch: u64,
     recording: bool,
     writes_ok: u64,
     stats: SimStats,
@@ -90,6 +102,8 @@ impl SimDevice {
                 state: Mutex::new(State {
                     rng,
                     log: Vec::new(),
+                    events: Vec::new(),
+                    next_batch: 0,
                     recording: false,
                     writes_ok: 0,
                     stats: SimStats::default(),
@@ -127,7 +141,13 @@ impl SimDevice {
         let mut s = self.shared.state.lock();
         s.recording = true;
         s.log.clear();
+        s.events.clear();
         self.shared.medium.snapshot()
+    }
+
+    /// The order of writes, flushes and completions since `start_recording`.
+    pub fn events(&self) -> Vec<Event> {
+        self.shared.state.lock().events.clone()
     }
 
     pub fn log(&self) -> Vec<LogEntry> {
@@ -188,7 +208,7 @@ pub fn crash_image(base: &[u8], log: &[LogEntry], upto: usize, seed: u64) -> Vec
 
 impl Shared {
     /// Carry out one op on the medium, with the faults `cfg` asks for.
-    fn run(&self, cfg: &SimConfig, op: &mut Op) -> Result<(), DevError> {
+    fn run(&self, cfg: &SimConfig, batch: u64, op: &mut Op) -> Result<(), DevError> {
         let mut s = self.state.lock();
         validate(op, self.medium.len())?;
         match op.kind {
@@ -214,6 +234,7 @@ impl Shared {
                 s.writes_ok += 1;
                 s.stats.bytes_written += op.len();
                 if s.recording {
+                    s.events.push(Event::Write { batch, offset: op.offset, len: op.len(), fua });
                     let mut data = Vec::with_capacity(op.len() as usize);
                     op.bufs.iter().for_each(|b| data.extend_from_slice(b));
                     let offset = op.offset;
@@ -232,6 +253,7 @@ impl Shared {
                 self.medium.persist(0, self.medium.len());
                 if s.recording {
                     s.log.push(LogEntry::Flush);
+                    s.events.push(Event::Flush { batch });
                 }
             }
         }
@@ -242,6 +264,7 @@ impl Shared {
 /// A started batch: ops before `next` are carried out, the rest wait for a held flush.
 struct SimBatch {
     dev: Arc<Shared>,
+    id: u64,
     cfg: SimConfig,
     ops: Vec<Op>,
     results: Vec<Option<Result<(), DevError>>>,
@@ -275,7 +298,7 @@ impl SimBatch {
                     self.at_gate = false;
                 }
             }
-            self.results[self.next] = Some(self.dev.run(&self.cfg, op));
+            self.results[self.next] = Some(self.dev.run(&self.cfg, self.id, op));
             self.next += 1;
         }
         true
@@ -294,6 +317,12 @@ impl Completion for SimBatch {
             std::thread::sleep(self.ready_at - now);
         }
         self.taken = true;
+        {
+            let mut s = self.dev.state.lock();
+            if s.recording {
+                s.events.push(Event::Completed { batch: self.id });
+            }
+        }
         std::mem::take(&mut self.ops)
             .into_iter()
             .zip(std::mem::take(&mut self.results))
@@ -327,8 +356,14 @@ impl Device for SimDevice {
     fn start(&self, ops: Vec<Op>) -> Pending {
         let cfg = self.shared.cfg.lock().clone();
         let results = ops.iter().map(|_| None).collect();
+        let id = {
+            let mut s = self.shared.state.lock();
+            s.next_batch += 1;
+            s.next_batch
+        };
         let mut batch = SimBatch {
             dev: self.shared.clone(),
+            id,
             ready_at: Instant::now() + cfg.latency,
             cfg,
             ops,

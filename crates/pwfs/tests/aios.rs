@@ -1,0 +1,175 @@
+//! The asynchronous I/O stack (mechanism 4): read misses submitted before their cache
+//! entries, racing readers, failed reads, holes, hybrid polling on io_uring. The
+//! overlapped commit's order on the medium is checked under the crash tests
+//! (`crash.rs`, `check_commit_order`), for both stacks.
+
+mod common;
+use common::*;
+use pwfs::device::sim::{SimConfig, SimDevice};
+use pwfs::{Config, Fs, MkfsOptions, OpenOptions, Stack};
+use std::sync::Arc;
+use std::time::Duration;
+
+const MIB: u64 = 1 << 20;
+const PAGES: u64 = 256;
+
+/// Page `p` of the test file: every 8 bytes carry the page and the word's place.
+fn page(p: u64) -> Vec<u8> {
+    (0..512u64).flat_map(|w| (p << 32 | w).to_le_bytes()).collect()
+}
+
+fn async_config() -> Config {
+    Config { stack: Stack::Async, cache_bytes: 64 * 4096, ..test_config() }
+}
+
+/// A file of PAGES pages written and synced, then a cold mount under the asynchronous
+/// stack on a device with `cfg`'s faults and latency.
+fn cold_file(cfg: SimConfig) -> (Arc<SimDevice>, Fs) {
+    let image = formatted_image(16 * MIB, &MkfsOptions::default());
+    let (dev, fs) = sim_fs(image, SimConfig::default(), test_config());
+    let f = OpenOptions::new().write(true).create(true).open(&fs, "/f").unwrap();
+    for p in 0..PAGES {
+        f.write_at(&page(p), p * 4096).unwrap();
+    }
+    drop(f);
+    fs.unmount().unwrap();
+    let image = dev.snapshot();
+    sim_fs(image, cfg, async_config())
+}
+
+#[test]
+fn racing_readers_of_cold_pages_all_see_the_data() {
+    let (_dev, fs) = cold_file(SimConfig { latency: Duration::from_micros(50), ..Default::default() });
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let fs = fs.clone();
+            s.spawn(move || {
+                let f = OpenOptions::new().read(true).open(&fs, "/f").unwrap();
+                // All threads walk the same pages (in different orders and sizes), so
+                // that misses on one page meet: one entry wins, the other reads are
+                // discarded.
+                for i in 0..PAGES {
+                    let p = if t % 2 == 0 { i } else { PAGES - 1 - i };
+                    let n = 1 + (t as usize % 3);
+                    let mut buf = vec![0u8; 4096 * n];
+                    let got = f.read_at(&mut buf, p * 4096).unwrap();
+                    for k in 0..got / 4096 {
+                        assert_eq!(
+                            buf[k * 4096..(k + 1) * 4096],
+                            page(p + k as u64)[..],
+                            "thread {t}, page {}",
+                            p + k as u64
+                        );
+                    }
+                }
+            });
+        }
+    });
+    fs.unmount().unwrap();
+}
+
+#[test]
+fn a_failed_read_is_an_error_and_the_next_one_reads_again() {
+    let (dev, fs) = cold_file(SimConfig::default());
+    let f = OpenOptions::new().read(true).open(&fs, "/f").unwrap();
+    dev.set_config(SimConfig { read_fail: 1.0, ..Default::default() });
+    let mut buf = vec![0u8; 8192];
+    assert_eq!(errno(f.read_at(&mut buf, 40 * 4096)), libc::EIO);
+    dev.set_config(SimConfig::default());
+    assert_eq!(f.read_at(&mut buf, 40 * 4096).unwrap(), 8192);
+    assert_eq!(buf[..4096], page(40)[..]);
+    assert_eq!(buf[4096..], page(41)[..]);
+    drop(f);
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}
+
+#[test]
+fn holes_and_patched_pages_read_right_under_the_async_stack() {
+    let (dev, fs) = cold_file(SimConfig::default());
+    let f = OpenOptions::new().read(true).write(true).open(&fs, "/f").unwrap();
+    // A hole past the data, and a partial write to a cold page (a patch under the
+    // default fetch policy), then reads across all three kinds of page.
+    f.write_at(b"tail", (PAGES + 3) * 4096).unwrap();
+    f.write_at(b"patched", 10 * 4096 + 100).unwrap();
+    let mut buf = vec![0u8; 4096 * 3];
+    assert_eq!(f.read_at(&mut buf, 9 * 4096).unwrap(), buf.len());
+    let mut want = page(9);
+    let mut ten = page(10);
+    ten[100..107].copy_from_slice(b"patched");
+    want.extend(ten);
+    want.extend(page(11));
+    assert_eq!(buf, want);
+    let mut hole = vec![1u8; 4096];
+    assert_eq!(f.read_at(&mut hole, (PAGES + 1) * 4096).unwrap(), 4096);
+    assert!(hole.iter().all(|b| *b == 0));
+    drop(f);
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}
+
+#[test]
+fn fsync_under_the_async_stack_is_durable() {
+    let image = formatted_image(16 * MIB, &MkfsOptions::default());
+    let cfg = SimConfig { latency: Duration::from_micros(30), ..Default::default() };
+    let (dev, fs) = sim_fs(image, cfg, async_config());
+    let base = dev.start_recording();
+    let f = OpenOptions::new().write(true).create(true).open(&fs, "/a").unwrap();
+    f.write_at(&page(1), 0).unwrap();
+    f.sync_all().unwrap();
+    let before = dev.stats();
+    f.write_at(&page(2), 4096).unwrap();
+    f.sync_all().unwrap();
+    let after = dev.stats();
+    // One fsync of a block and a size change: the data and the journal body, the
+    // commit block with FUA, and one flush before it (no second flush).
+    assert_eq!(after.fua_writes - before.fua_writes, 1);
+    assert_eq!(after.flushes - before.flushes, 1);
+    // A crash now: what is not durable is dropped or torn (FUA writes are kept).
+    let log = dev.log();
+    let durable = pwfs::device::sim::crash_image(&base, &log, log.len(), 7);
+    let (_d, fs2) = sim_fs(durable, SimConfig::default(), test_config());
+    let mut buf = vec![0u8; 8192];
+    let g = OpenOptions::new().read(true).open(&fs2, "/a").unwrap();
+    assert_eq!(g.read_at(&mut buf, 0).unwrap(), 8192);
+    assert_eq!(buf[..4096], page(1)[..]);
+    assert_eq!(buf[4096..], page(2)[..]);
+}
+
+#[test]
+fn hybrid_polling_on_io_uring_calibrates_and_serves() {
+    let dir = std::env::temp_dir().join(format!("pwfs-aios-poll-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let img = dir.join("img");
+    pwfs::mkfs_image(&img, 16 * MIB, &MkfsOptions::default()).unwrap();
+    let opts = pwfs::device::uring::UringOptions { poll: true, ..Default::default() };
+    let dev = pwfs::device::uring::UringDevice::open(&img, &opts).unwrap();
+    let spin = dev.poll_spin();
+    assert!(spin >= Duration::from_micros(5) && spin <= Duration::from_micros(200), "spin {spin:?}");
+    drop(dev);
+    for stack in [Stack::Sync, Stack::Async] {
+        let config = Config { stack, poll: true, trace_io: true, cache_bytes: 64 * 4096, ..test_config() };
+        let fs = pwfs::mount_image(&img, config.clone()).unwrap();
+        let f = OpenOptions::new().read(true).write(true).create(true).open(&fs, "/p").unwrap();
+        for p in 0..64 {
+            f.write_at(&page(p), p * 4096).unwrap();
+        }
+        f.sync_all().unwrap();
+        let t = fs.io_times().fsyncs;
+        assert!(t.count == 1 && t.device_ns > 0, "{stack:?}: {t:?}");
+        drop(f);
+        fs.unmount().unwrap();
+        let fs = pwfs::mount_image(&img, config).unwrap();
+        let f = OpenOptions::new().read(true).open(&fs, "/p").unwrap();
+        let mut buf = vec![0u8; 4096];
+        for p in (0..64).rev() {
+            f.read_at(&mut buf, p * 4096).unwrap();
+            assert_eq!(buf, page(p), "{stack:?}, page {p}");
+        }
+        let t = fs.io_times();
+        assert!(t.reads.count > 0 && t.reads.device_ns > 0, "{stack:?}: {t:?}");
+        drop(f);
+        fs.unmount().unwrap();
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
