@@ -216,9 +216,10 @@ impl FsInner {
     }
 
     /// The asynchronous stack's commit of the running transaction (see the module
-    /// doc). The caller holds the commit lock.
-    pub(crate) fn commit_overlapped(&self) -> Result<()> {
-        let wb = self.writeback_begin(true)?;
+    /// doc), with the data `writeback_locked_for(files)` writes. The caller holds the
+    /// commit lock.
+    pub(crate) fn commit_overlapped(&self, files: Option<&std::collections::BTreeSet<u64>>) -> Result<()> {
+        let wb = self.writeback_begin(true, files)?;
         let (tx, frees) = match self.meta.lock().take_tx() {
             Ok(v) => v,
             Err(e) => {

@@ -393,6 +393,42 @@ impl PageCache {
         out
     }
 
+    /// The inodes that have dirty pages now.
+    pub fn dirty_inodes(&self) -> BTreeSet<u64> {
+        let mut out = BTreeSet::new();
+        for shard in self.shards.iter() {
+            let m = shard.map.lock();
+            let mut last = None;
+            for k in &m.dirty {
+                if last != Some(k.0) {
+                    out.insert(k.0);
+                    last = Some(k.0);
+                }
+            }
+        }
+        out
+    }
+
+    /// `take_dirty` for the pages of the inodes in `inos` only.
+    pub fn take_dirty_of(&self, inos: &BTreeSet<u64>) -> Vec<Arc<Page>> {
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            let mut m = shard.map.lock();
+            for ino in inos {
+                let keys: Vec<Key> = m.dirty.range((*ino, 0)..=(*ino, u64::MAX)).copied().collect();
+                for k in keys {
+                    m.dirty.remove(&k);
+                    self.dirty.fetch_sub(1, Ordering::Relaxed);
+                    if let Some(p) = m.pages.get(&k) {
+                        out.push(p.clone());
+                    }
+                }
+            }
+        }
+        out.sort_unstable_by_key(|p| p.key);
+        out
+    }
+
     /// Forget every page of `ino` at or past page `from` and before `end` (the caller
     /// knows that no page at or past `end` was ever inserted: truncate, delete).
     /// Returns the pages dropped (the caller settles their patch accounting). Only the

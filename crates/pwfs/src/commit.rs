@@ -170,20 +170,43 @@ impl FsInner {
     /// Write back data, then log metadata. The caller holds the commit lock. Freeing
     /// unlinked inodes may take several transactions.
     pub fn commit_locked(&self) -> Result<()> {
+        self.commit_locked_for(None)
+    }
+
+    /// `commit_locked`, or for an fsync of `file`: the whole running transaction, but
+    /// only the data `writeback_locked_for` picks for `file` and for the files of the
+    /// fsyncs waiting meanwhile (`fsync_ticket`): they share this commit (group
+    /// commit), and it covers them.
+    pub(crate) fn commit_locked_for(&self, file: Option<u64>) -> Result<()> {
+        // Numbered first, then the waiting files taken: an fsync that registered its
+        // file after the take got a ticket past this commit (see `fsync_ticket`).
         let n = self.commits_begun.fetch_add(1, Ordering::AcqRel) + 1;
+        let waiting = std::mem::take(&mut *self.fsync_files.lock());
+        let files = file.map(|f| {
+            let mut files = waiting;
+            files.insert(f);
+            files
+        });
         // Bounded: what is left to free waits for the next commit rather than keep a
         // caller here (an inode trimmed a piece per transaction, say, while writers keep
         // the transaction from ever being empty).
         for _ in 0..64 {
             self.check_alive()?;
             let more = self.free_unlinked().map_err(|e| self.poison(e))?;
-            self.commit_once()?;
+            self.commit_once(files.as_ref())?;
             if !more {
                 break;
             }
         }
         self.commits_done.store(n, Ordering::Release);
         Ok(())
+    }
+
+    /// A ticket for `covered`, for an fsync of `file`: the file is registered first,
+    /// so that every commit numbered at or past the ticket writes its data.
+    pub fn fsync_ticket(&self, file: u64) -> u64 {
+        self.fsync_files.lock().insert(file);
+        self.commit_ticket()
     }
 
     /// A ticket for `covered`: taken before waiting for the commit lock.
@@ -199,22 +222,23 @@ impl FsInner {
         self.commits_done.load(Ordering::Acquire) >= ticket
     }
 
-    /// `commit`, unless a commit that began after this call finished while it waited.
-    pub fn commit_shared(&self) -> Result<()> {
+    /// The commit an fsync of `file` needs, unless a commit that began after this
+    /// call finished while it waited.
+    pub fn commit_shared(&self, file: u64) -> Result<()> {
         self.check_alive()?;
-        let ticket = self.commit_ticket();
+        let ticket = self.fsync_ticket(file);
         let _c = self.commit_lock.lock();
         if self.covered(ticket) {
             return self.check_alive();
         }
-        self.commit_locked()
+        self.commit_locked_for(Some(file))
     }
 
-    fn commit_once(&self) -> Result<()> {
+    fn commit_once(&self, files: Option<&std::collections::BTreeSet<u64>>) -> Result<()> {
         if self.config.stack == crate::config::Stack::Async {
-            return self.commit_overlapped();
+            return self.commit_overlapped(files);
         }
-        let wrote = self.writeback_locked()?;
+        let wrote = self.writeback_locked_for(files)?;
         let (tx, frees) = {
             let mut m = self.meta.lock();
             m.take_tx().map_err(|e| self.poison(e))?

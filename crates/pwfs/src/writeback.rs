@@ -9,6 +9,7 @@ use crate::format::BLOCK;
 use crate::fs::meta::Meta;
 use crate::fs::FsInner;
 use parking_lot::{Condvar, Mutex};
+use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
@@ -104,20 +105,45 @@ impl FsInner {
     /// Write every dirty page home, allocating blocks for unmapped pages. Returns
     /// whether anything was written. The caller holds the commit lock.
     pub(crate) fn writeback_locked(&self) -> Result<bool> {
-        match self.writeback_begin(false)? {
+        self.writeback_locked_for(None)
+    }
+
+    /// `writeback_locked`, or for fsyncs of `files`: their dirty pages, and those of
+    /// every file whose size or block map changed since it was last stored (the
+    /// commit that follows stores that change, which must not point past data on the
+    /// medium: ordered mode). Overwrites of other files' blocks stay in the cache: an
+    /// fsync does not pay for every file's dirty data (ext4 does the same).
+    pub(crate) fn writeback_locked_for(&self, files: Option<&BTreeSet<u64>>) -> Result<bool> {
+        match self.writeback_begin(false, files)? {
             None => Ok(false),
             Some(s) => self.writeback_end(s).map(|()| true),
         }
     }
 
-    /// Place every dirty page and put its write on the device. `overlap` false: the
+    /// Place every dirty page (of the files `writeback_locked_for` picks for `files`)
+    /// and put its write on the device. `overlap` false: the
     /// writes are waited for here, each chunk's bookkeeping overlapping the writes
     /// of the chunks before it (`writeback_end` only settles the pages). `overlap`
     /// true (the asynchronous stack's commit): every chunk is started and none waited
     /// for, so that the caller builds and starts the journal while the data is in
     /// flight. None if nothing was dirty. The caller holds the commit lock.
-    pub(crate) fn writeback_begin(&self, overlap: bool) -> Result<Option<StartedWriteback>> {
-        let pages = self.cache.take_dirty();
+    pub(crate) fn writeback_begin(
+        &self,
+        overlap: bool,
+        files: Option<&BTreeSet<u64>>,
+    ) -> Result<Option<StartedWriteback>> {
+        let pages = match files {
+            None => self.cache.take_dirty(),
+            Some(files) => {
+                // Decided outside the cache's locks (an inode's lock is not taken
+                // under them).
+                let mut inos = self.cache.dirty_inodes();
+                inos.retain(|ino| {
+                    files.contains(ino) || self.inodes.get(*ino).is_none_or(|c| c.lock().data_meta_dirty)
+                });
+                self.cache.take_dirty_of(&inos)
+            }
+        };
         if pages.is_empty() {
             return Ok(None);
         }

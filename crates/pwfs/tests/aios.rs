@@ -173,3 +173,58 @@ fn hybrid_polling_on_io_uring_calibrates_and_serves() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The tree after a crash right now (what was not flushed is lost or torn).
+fn crashed(base: &[u8], dev: &SimDevice) -> Fs {
+    let log = dev.log();
+    let img = pwfs::device::sim::crash_image(base, &log, log.len(), 3);
+    sim_fs(img, SimConfig::default(), test_config()).1
+}
+
+fn content(fs: &Fs, path: &str) -> Vec<u8> {
+    let f = OpenOptions::new().read(true).open(fs, path).unwrap();
+    let mut buf = vec![0u8; 64 * 1024];
+    let n = f.read_at(&mut buf, 0).unwrap();
+    buf.truncate(n);
+    buf
+}
+
+#[test]
+fn fsync_writes_its_own_file_and_files_whose_size_changed_not_every_file() {
+    for stack in [Stack::Sync, Stack::Async] {
+        let image = formatted_image(16 * MIB, &MkfsOptions::default());
+        let (dev, fs) = sim_fs(image, SimConfig::default(), Config { stack, ..test_config() });
+        for name in ["/a", "/b", "/f"] {
+            let f = OpenOptions::new().write(true).create(true).open(&fs, name).unwrap();
+            f.write_at(&page(0), 0).unwrap();
+        }
+        fs.sync().unwrap();
+        let base = dev.start_recording();
+        // An overwrite of /a in place, an append to /b, an overwrite of /f.
+        let a = OpenOptions::new().write(true).open(&fs, "/a").unwrap();
+        a.write_at(&page(7), 0).unwrap();
+        let b = OpenOptions::new().write(true).open(&fs, "/b").unwrap();
+        b.write_at(&page(8), 4096).unwrap();
+        let f = OpenOptions::new().write(true).open(&fs, "/f").unwrap();
+        f.write_at(&page(9), 0).unwrap();
+        f.sync_all().unwrap();
+        let after = crashed(&base, &dev);
+        assert_eq!(content(&after, "/f"), page(9), "{stack:?}: the fsynced file");
+        let mut grown = page(0);
+        grown.extend(page(8));
+        assert_eq!(content(&after, "/b"), grown, "{stack:?}: a file whose size the commit stores");
+        assert_eq!(content(&after, "/a"), page(0), "{stack:?}: another file's overwrite is not written");
+        // fdatasync of /f: the same rule.
+        f.write_at(&page(10), 0).unwrap();
+        f.sync_data().unwrap();
+        assert_eq!(content(&crashed(&base, &dev), "/a"), page(0), "{stack:?}");
+        // A sync of the file system writes everything.
+        fs.sync().unwrap();
+        let after = crashed(&base, &dev);
+        assert_eq!(content(&after, "/a"), page(7), "{stack:?}");
+        assert_eq!(content(&after, "/f"), page(10), "{stack:?}");
+        drop((a, b, f));
+        fs.unmount().unwrap();
+        fsck_clean(&*dev);
+    }
+}

@@ -105,6 +105,8 @@ pub(crate) struct FsInner {
     /// Commits begun and completed (`commit_locked`), for group commit.
     pub(crate) commits_begun: std::sync::atomic::AtomicU64,
     pub(crate) commits_done: std::sync::atomic::AtomicU64,
+    /// Files of fsyncs waiting for a commit: the next commit writes their data.
+    pub(crate) fsync_files: Mutex<std::collections::BTreeSet<u64>>,
     pub(crate) poisoned: Mutex<Option<String>>,
     /// Live `Fs` handles (`File`s hold one each).
     pub(crate) handles: AtomicU64,
@@ -240,6 +242,7 @@ impl Fs {
             commit_lock: Mutex::new(()),
             commits_begun: Default::default(),
             commits_done: Default::default(),
+            fsync_files: Default::default(),
             poisoned: Mutex::new(None),
             handles: AtomicU64::new(0),
             clean,

@@ -1559,17 +1559,17 @@ impl Fs {
 
     fn fsync_inner(&self, ino: u64, datasync: bool) -> Result<()> {
         if !datasync {
-            return self.inner.commit_shared();
+            return self.inner.commit_shared(ino);
         }
         self.inner.check_alive()?;
-        let ticket = self.inner.commit_ticket();
+        let ticket = self.inner.fsync_ticket(ino);
         let _c = self.inner.commit_lock.lock();
         if self.inner.covered(ticket) {
             return self.inner.check_alive();
         }
-        self.inner.writeback_locked()?;
+        self.inner.writeback_locked_for(Some(&[ino].into()))?;
         if self.inner.cell(ino)?.lock().data_meta_dirty {
-            return self.inner.commit_locked();
+            return self.inner.commit_locked_for(Some(ino));
         }
         crate::aios::submitting();
         self.inner.dev.flush().map_err(|e| self.inner.poison(e.into()))?;
