@@ -34,7 +34,7 @@ pub const CACHE_BYTES: u64 = 128 * MIB;
 
 /// An image file written through once, so that the host has no unwritten extents
 /// left in it (a read of one would not reach the device).
-fn make_image(path: &Path, bytes: u64) -> R<()> {
+pub(crate) fn make_image(path: &Path, bytes: u64) -> R<()> {
     let mut f = std::fs::File::create(path).map_err(err("create image"))?;
     let chunk = vec![0u8; MIB as usize];
     for _ in 0..bytes / MIB {
@@ -67,7 +67,7 @@ enum Target {
     Raw { image: std::path::PathBuf, base: u64 },
 }
 
-fn open_raw(image: &Path) -> R<UringDevice> {
+pub(crate) fn open_raw(image: &Path) -> R<UringDevice> {
     UringDevice::open(image, &UringOptions { arena_bytes: 4 * MIB as usize, ..Default::default() })
         .map_err(err("open image"))
 }

@@ -137,7 +137,9 @@ impl Report {
     pub fn table(&self) -> String {
         let mut s = String::new();
         let _ = writeln!(s, "{}", self.title);
-        let _ = write!(s, "{:<34}", "");
+        // Row names take 34 columns, or more where one is longer.
+        let w = self.rows.iter().map(|r| r.name.len() + r.unit.len() + 4).max().unwrap_or(0).max(34);
+        let _ = write!(s, "{:<w$}", "");
         for c in &self.columns {
             let _ = write!(s, "{c:>15}");
         }
@@ -147,7 +149,7 @@ impl Report {
         }
         let _ = writeln!(s);
         for r in &self.rows {
-            let _ = write!(s, "{:<34}", format!("{} ({})", r.name, r.unit));
+            let _ = write!(s, "{:<w$}", format!("{} ({})", r.name, r.unit));
             for c in &self.columns {
                 match r.values.get(c) {
                     Some(v) if v.is_finite() => {
@@ -178,14 +180,14 @@ impl Report {
         }
         for base in &self.ratio_bases {
             let _ = writeln!(s, "\nrelative to {base}:");
-            let _ = write!(s, "{:<34}", "");
+            let _ = write!(s, "{:<w$}", "");
             let others: Vec<&String> = self.columns.iter().filter(|c| *c != base).collect();
             for c in &others {
                 let _ = write!(s, "{c:>15}");
             }
             let _ = writeln!(s);
             for r in &self.rows {
-                let _ = write!(s, "{:<34}", r.name);
+                let _ = write!(s, "{:<w$}", r.name);
                 for c in &others {
                     let ratio =
                         r.values.get(*c).copied().unwrap_or(f64::NAN) / r.values.get(base).copied().unwrap_or(f64::NAN);

@@ -124,10 +124,10 @@ enum Cmd {
         /// Where to write the JSON record (default: DIR/WORKLOAD.json).
         #[arg(long)]
         json: Option<PathBuf>,
-        /// Run these parts alone (comma-separated). nbw: seqwrite, randwrite, randrw,
-        /// randread, seqread, fuse; scale: overwrite, read, create, smallwrite; fuse:
-        /// untar, find, randwrite, cached, cold, appends, seq, git, fileserver, webproxy,
-        /// varmail, randomrw.
+        /// Run these parts alone (comma-separated). aios: reads, threads, fsync; nbw:
+        /// seqwrite, randwrite, randrw, randread, seqread, fuse; scale: overwrite, read,
+        /// create, smallwrite; fuse: untar, find, randwrite, cached, cold, appends, seq,
+        /// git, fileserver, webproxy, varmail, randomrw.
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
     },
@@ -188,6 +188,9 @@ impl From<KernelCache> for pwfs_fuse::KernelCache {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Workload {
+    /// Asynchronous I/O stack: cold reads by size, reads by threads, write+fsync latency;
+    /// Sync vs Async vs Async+polling vs ext4 and the raw device.
+    Aios,
     /// Cold/warm 4 KiB reads, write+fsync, 1 MiB sequential I/O vs ext4 and the raw device.
     Basic,
     /// Untar, random writes with fsync, reads, sequential I/O, git status: a FUSE mount vs ext4.
@@ -382,11 +385,17 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             } else {
                 pwfs_bench::Opts::full(dir.clone())
             };
-            if !only.is_empty() && !matches!(workload, Workload::Nbw | Workload::Scale | Workload::Fuse) {
-                return Err("--only applies to `pwfs bench nbw`, `pwfs bench scale` and `pwfs bench fuse`".into());
+            if !only.is_empty()
+                && !matches!(workload, Workload::Aios | Workload::Nbw | Workload::Scale | Workload::Fuse)
+            {
+                return Err(
+                    "--only applies to `pwfs bench aios`, `pwfs bench nbw`, `pwfs bench scale` and `pwfs bench fuse`"
+                        .into(),
+                );
             }
             opts.only = only;
             let name = match workload {
+                Workload::Aios => "aios",
                 Workload::Basic => "basic",
                 Workload::Fuse => "fuse",
                 Workload::Scale => "scale",
@@ -395,6 +404,7 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             let mut steps = progress::Steps::new(&format!("bench {name}"));
             let mut step = |s: &str| steps.step(s);
             let r = match workload {
+                Workload::Aios => pwfs_bench::aios::run(&opts, &mut step).map(|r| (r, None)),
                 Workload::Basic => pwfs_bench::basic::run(&opts, &mut step).map(|r| (r, None)),
                 Workload::Fuse => pwfs_bench::fuse::run(&opts, &mut step).map(|r| (r, None)),
                 Workload::Scale => pwfs_bench::scale::run(&opts, &mut step).map(|r| (r, None)),
