@@ -228,3 +228,51 @@ fn fsync_writes_its_own_file_and_files_whose_size_changed_not_every_file() {
         fsck_clean(&*dev);
     }
 }
+
+fn key(t: pwfs::format::Timespec) -> (i64, u32) {
+    (t.sec, t.nsec)
+}
+
+#[test]
+fn overwrites_within_a_clock_tick_make_fsync_commit_nothing() {
+    for stack in [Stack::Sync, Stack::Async] {
+        let (dev, fs) = mem_fs(16 * MIB);
+        fs.unmount().unwrap();
+        let fs = Fs::mount(dev, Config { stack, ..test_config() }).unwrap();
+        let f = OpenOptions::new().read(true).write(true).create(true).open(&fs, "/db").unwrap();
+        f.write_at(&page(0), 0).unwrap();
+        f.sync_all().unwrap();
+        let before = fs.journal_stats().commits;
+        let t = std::time::Instant::now();
+        let mut last = fs.metadata("/db").unwrap().mtime;
+        for i in 0..200u64 {
+            f.write_at(&page(i), 0).unwrap();
+            f.sync_all().unwrap();
+            let m = fs.metadata("/db").unwrap();
+            assert!(key(m.mtime) >= key(last), "{stack:?}: mtime went back");
+            assert_eq!(m.mtime, m.ctime, "{stack:?}");
+            last = m.mtime;
+        }
+        // The write time moves with the kernel's coarse clock (at most 1000 ticks a
+        // second): a commit at most once a tick, not once per fsync.
+        let ticks = t.elapsed().as_millis() as u64 + 1;
+        let commits = fs.journal_stats().commits - before;
+        assert!(commits <= ticks, "{stack:?}: {commits} commits in {ticks} ms");
+        assert!(commits < 200, "{stack:?}: every fsync committed");
+        // The data is there, and a change of attributes still moves the change time.
+        let mut buf = vec![0u8; 4096];
+        f.read_at(&mut buf, 0).unwrap();
+        assert_eq!(buf, page(199));
+        fs.set_permissions("/db", 0o600).unwrap();
+        let m = fs.metadata("/db").unwrap();
+        assert!(key(m.ctime) >= key(last));
+        f.write_at(&page(1), 0).unwrap();
+        let m2 = fs.metadata("/db").unwrap();
+        assert!(
+            key(m2.mtime) >= key(m.ctime) && key(m2.ctime) >= key(m.ctime),
+            "{stack:?}: a write after a chmod went back in time"
+        );
+        drop(f);
+        fs.unmount().unwrap();
+    }
+}

@@ -1170,7 +1170,7 @@ impl Fs {
         let ino = cell.ino;
         self.inner.check_writable()?;
         let _g = cell.io.write();
-        let (size, offset, end) = self.begin_write(cell, offset, data.len() as u64, append)?;
+        let (size, offset, end, stamp) = self.begin_write(cell, offset, data.len() as u64, append)?;
         if data.is_empty() {
             return Ok(offset);
         }
@@ -1316,7 +1316,7 @@ impl Fs {
         // The size covers what was copied before the pages go to write-back, which
         // takes a dirty page past the end of file for a truncated one and skips it.
         let copied_end = offset + copied as u64;
-        {
+        if let Some(t) = stamp {
             let mut node = cell.lock();
             node.pins -= 1;
             if copied > 0 {
@@ -1324,7 +1324,6 @@ impl Fs {
                     node.d.size = copied_end;
                     node.data_meta_dirty = true;
                 }
-                let t = now();
                 node.d.mtime = t;
                 node.d.ctime = t;
                 // Registered when the write began; a commit since then kept it
@@ -1349,8 +1348,18 @@ impl Fs {
     /// within allocated blocks takes only the inode's lock (and the transaction's the
     /// first time the inode changes in it); one that reserves space takes the
     /// metadata lock too. Returns the size before, the offset (end of file when
-    /// `append`) and the end of the write.
-    fn begin_write(&self, cell: &InodeCell, offset: u64, len: u64, append: bool) -> Result<(u64, u64, u64)> {
+    /// `append`), the end of the write, and the time its modification and change
+    /// times take — None when the write changes no metadata: it stays within the file
+    /// and allocated blocks, and its time is the inode's already (timestamps move at
+    /// the kernel's coarse clock, as ext4's do). Such a write is not pinned, and an
+    /// fsync after it writes data and flushes, with no commit.
+    fn begin_write(
+        &self,
+        cell: &InodeCell,
+        offset: u64,
+        len: u64,
+        append: bool,
+    ) -> Result<(u64, u64, u64, Option<f::Timespec>)> {
         let ino = cell.ino;
         // Pages to reserve space for (unmapped, not reserved yet) and pages whose
         // unwritten blocks write-back will mark written (room for the split runs).
@@ -1382,12 +1391,16 @@ impl Fs {
             let mut node = cell.lock();
             let (size, offset, end, (need, conv)) = check(&node)?;
             if len == 0 {
-                return Ok((size, offset, end));
+                return Ok((size, offset, end, None));
             }
+            let t = write_time(&node);
             if need.is_empty() && conv.is_empty() {
+                if end <= size && node.d.mtime == t && node.d.ctime == t {
+                    return Ok((size, offset, end, None));
+                }
                 if node.register(&self.inner.tx, Some(self.inner.tx_room())) {
                     node.pins += 1;
-                    return Ok((size, offset, end));
+                    return Ok((size, offset, end, Some(t)));
                 }
                 drop(node);
                 self.inner.commit()?;
@@ -1411,9 +1424,10 @@ impl Fs {
             node.converting.extend(conv);
             node.pins += 1;
             node.register(&tx, None);
+            let t = write_time(&node);
             drop(node);
             m.add_reserved(n as i64);
-            return Ok((size, offset, end));
+            return Ok((size, offset, end, Some(t)));
         }
     }
 
@@ -1575,5 +1589,25 @@ impl Fs {
         self.inner.dev.flush().map_err(|e| self.inner.poison(e.into()))?;
         crate::aios::completed();
         Ok(())
+    }
+}
+
+/// The modification and change time a data write gives its inode: the kernel's coarse
+/// clock (what ext4 stamps writes with: it moves once a tick), never before the
+/// inode's change time (set by a finer clock, or by an earlier write), so that times
+/// do not go backwards. Writes within one tick change no metadata after the first.
+fn write_time(node: &Inode) -> f::Timespec {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a plain call with a valid out-pointer.
+    let coarse = if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) } == 0 {
+        f::Timespec { sec: ts.tv_sec, nsec: ts.tv_nsec as u32 }
+    } else {
+        now()
+    };
+    let c = node.d.ctime;
+    if (coarse.sec, coarse.nsec) < (c.sec, c.nsec) {
+        c
+    } else {
+        coarse
     }
 }
