@@ -868,6 +868,91 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
     Ok(r)
 }
 
+/// Grouped bars of the report's p50 latencies: cold reads by size (part a) and
+/// write+fsync at one thread (part c), one bar per column that has the row. Empty
+/// panels (parts not run) are left out.
+pub fn plot(r: &Report) -> String {
+    let colors = ["#888888", "#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#ff7f0e", "#d62728"];
+    let panels: [(&str, Vec<(String, String)>); 2] = [
+        (
+            "(a) cold read at queue depth 1, p50 latency (us)",
+            [4, 8, 16, 32, 64, 128].iter().map(|k| (format!("(a) {k}K read p50"), format!("{k} KiB"))).collect(),
+        ),
+        (
+            "(c) write + fsync, one thread, p50 latency (us)",
+            [("4K overwrite", "4 KiB overwrite"), ("4K append", "4 KiB append"), ("64B append", "64 B append")]
+                .iter()
+                .map(|(k, l)| (format!("(c) {k}+fsync 1t p50"), l.to_string()))
+                .collect(),
+        ),
+    ];
+    let (pw, ph, pad) = (620.0, 220.0, 50.0);
+    let shown: Vec<&(&str, Vec<(String, String)>)> =
+        panels.iter().filter(|(_, rows)| rows.iter().any(|(n, _)| r.rows.iter().any(|x| &x.name == n))).collect();
+    let height = shown.len() as f64 * (ph + pad + 20.0) + 60.0;
+    let mut s = format!(
+        "<svg xmlns='http://www.w3.org/2000/svg' width='{}' height='{height}' font-family='sans-serif' font-size='11'>\n",
+        pw + 2.0 * pad
+    );
+    for (k, (title, rows)) in shown.iter().enumerate() {
+        let y0 = 30.0 + k as f64 * (ph + pad + 20.0);
+        let max = rows
+            .iter()
+            .flat_map(|(n, _)| r.columns.iter().map(move |c| r.value(n, c)))
+            .filter(|v| v.is_finite())
+            .fold(1.0f64, f64::max);
+        s += &format!("<text x='{pad}' y='{}' font-size='13' font-weight='bold'>{title}</text>\n", y0 - 8.0);
+        s += &format!("<rect x='{pad}' y='{y0}' width='{pw}' height='{ph}' fill='none' stroke='#ccc'/>\n");
+        for tick in 0..=4 {
+            let v = max * tick as f64 / 4.0;
+            let y = y0 + ph - ph * tick as f64 / 4.0;
+            s += &format!("<text x='{}' y='{}' text-anchor='end'>{v:.0}</text>\n", pad - 4.0, y + 4.0);
+        }
+        let group = pw / rows.len() as f64;
+        for (j, (name, label)) in rows.iter().enumerate() {
+            let cols: Vec<(usize, f64)> = r
+                .columns
+                .iter()
+                .enumerate()
+                .map(|(c, col)| (c, r.value(name, col)))
+                .filter(|(_, v)| v.is_finite())
+                .collect();
+            if cols.is_empty() {
+                continue;
+            }
+            let bw = group * 0.8 / r.columns.len() as f64;
+            for (c, v) in cols {
+                let h = ph * v / max;
+                let x = pad + j as f64 * group + group * 0.1 + c as f64 * bw;
+                s += &format!(
+                    "<rect x='{x:.1}' y='{:.1}' width='{:.1}' height='{h:.1}' fill='{}'><title>{} {label}: {v:.1} us</title></rect>\n",
+                    y0 + ph - h,
+                    bw - 1.0,
+                    colors[c % colors.len()],
+                    r.columns[c]
+                );
+            }
+            s += &format!(
+                "<text x='{:.1}' y='{}' text-anchor='middle'>{label}</text>\n",
+                pad + j as f64 * group + group / 2.0,
+                y0 + ph + 14.0
+            );
+        }
+    }
+    for (c, name) in r.columns.iter().enumerate() {
+        let x = pad + c as f64 * 95.0;
+        s += &format!(
+            "<rect x='{x}' y='{}' width='10' height='10' fill='{}'/><text x='{}' y='{}'>{name}</text>\n",
+            height - 20.0,
+            colors[c % colors.len()],
+            x + 14.0,
+            height - 11.0
+        );
+    }
+    s += "</svg>\n";
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -885,6 +970,9 @@ mod tests {
         for row in r.rows.iter().filter(|row| row.name.ends_with("device flushes")) {
             assert!(row.values.values().all(|v| v.is_finite() && *v >= 0.0), "{row:?}");
         }
+        let svg = plot(&r);
+        assert!(svg.starts_with("<svg") && svg.contains("128 KiB") && svg.contains("64 B append"));
+        assert!(svg.contains("async+poll") && svg.matches("<rect").count() > 6 * 6 + 3 * 4);
         assert_eq!(r.columns.len(), 7);
         assert_eq!(r.targets.len(), 2);
         for kib in SIZES_KIB {

@@ -404,7 +404,10 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             let mut steps = progress::Steps::new(&format!("bench {name}"));
             let mut step = |s: &str| steps.step(s);
             let r = match workload {
-                Workload::Aios => pwfs_bench::aios::run(&opts, &mut step).map(|r| (r, None)),
+                Workload::Aios => pwfs_bench::aios::run(&opts, &mut step).map(|r| {
+                    let svg = pwfs_bench::aios::plot(&r);
+                    (r, Some(svg))
+                }),
                 Workload::Basic => pwfs_bench::basic::run(&opts, &mut step).map(|r| (r, None)),
                 Workload::Fuse => pwfs_bench::fuse::run(&opts, &mut step).map(|r| (r, None)),
                 Workload::Scale => pwfs_bench::scale::run(&opts, &mut step).map(|r| (r, None)),
@@ -413,7 +416,7 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             steps.finish();
             let (r, svg) = r?;
             if let Some(svg) = svg {
-                let plot = dir.join("nbw.svg");
+                let plot = dir.join(format!("{name}.svg"));
                 std::fs::write(&plot, svg).map_err(|e| format!("{}: {e}", plot.display()))?;
                 println!("plot: {}", plot.display());
             }
