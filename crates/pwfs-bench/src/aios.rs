@@ -7,9 +7,9 @@
 //! itself: the device floor); `ext4-direct` and `ext4-cold` (O_DIRECT and buffered reads
 //! of a file of the same size on the host's ext4, same disk; the buffered file's pages
 //! are dropped with POSIX_FADV_DONTNEED before each cell); `ext4` (buffered write +
-//! fsync on the host's ext4, part (c)).
+//! fsync on the host's ext4, parts (c) and (d)).
 //!
-//! Parts (`--only reads,threads,fsync`):
+//! Parts (`--only reads,threads,fsync,apps`):
 //! - (a) `reads`: cold random reads at queue depth 1 of 4-128 KiB, offsets aligned to
 //!   the size, p50 and p99; for 4 KiB also where the engine's time went (software
 //!   before the device, device, software after; `Fs::io_times`) and the CPU time per
@@ -17,7 +17,12 @@
 //! - (b) `threads`: cold 4 KiB random reads from 1, 2 and 4 threads, IOPS;
 //! - (c) `fsync`: write + fsync latency of 4 KiB overwrites of a preallocated file,
 //!   4 KiB appends and 64 B appends, from 1 thread and from 4 (each its own file), with
-//!   the device's writes and flushes per fsync (/sys/block/…/stat).
+//!   the device's writes and flushes per fsync (/sys/block/…/stat);
+//! - (d) `apps`: RocksDB's `db_bench` (rocksdb-tools) on a FUSE mount of the image
+//!   (default kernel cache mode) and in a directory on the host's ext4: `fillsync`
+//!   (writes with sync=1), `fillseq`, and `readrandom` cold (a fresh mount, the kernel's
+//!   caches dropped), ops/s. Needs root and /dev/fuse, and db_bench on PATH; left out
+//!   of the smoke run.
 //!
 //! Cold: every pwfs cell is a fresh mount (an empty cache), and no two cells of the
 //! same size read the same offsets, so no column can serve a read from memory (ours or
@@ -34,6 +39,7 @@ use pwfs::{Config, Fs, OpenOptions, PathTimes, Stack};
 use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::sync::Barrier;
 use std::time::Instant;
 
@@ -50,7 +56,7 @@ pub const READ_THREADS: [usize; 3] = [1, 2, 4];
 /// Threads of part (c).
 pub const FSYNC_THREADS: [usize; 2] = [1, 4];
 /// The parts `--only` takes.
-pub const PARTS: [&str; 3] = ["reads", "threads", "fsync"];
+pub const PARTS: [&str; 4] = ["reads", "threads", "fsync", "apps"];
 /// Each preallocated file of the overwrites of part (c).
 const OVERWRITE_BYTES: u64 = 4 * MIB;
 /// The pwfs file every read goes to.
@@ -91,6 +97,7 @@ enum Col {
 const READ_COLS: [Col; 6] = [Col::Sync, Col::Async, Col::AsyncPoll, Col::Raw, Col::Ext4Direct, Col::Ext4Cold];
 const FSYNC_COLS: [Col; 4] = [Col::Sync, Col::Async, Col::AsyncPoll, Col::Ext4];
 const PWFS_COLS: [Col; 3] = [Col::Sync, Col::Async, Col::AsyncPoll];
+const APPS_COLS: [Col; 4] = [Col::Sync, Col::Async, Col::AsyncPoll, Col::Ext4];
 /// Columns reading one file share its offsets out: at most this many per file (the
 /// image: three mounts and the raw device).
 const SHARES: u64 = 4;
@@ -576,6 +583,231 @@ fn fsync_cell(
     Ok(())
 }
 
+/// Sizes of part (d): `fillsync` writes (each with sync=1), `fillseq` keys (16 B keys,
+/// 100 B values) and cold `readrandom` lookups of them, per cell.
+#[derive(Debug, Clone, Copy)]
+struct AppsSizes {
+    syncs: usize,
+    fill: usize,
+    reads: usize,
+}
+
+impl AppsSizes {
+    /// 2000 / 1,000,000 / 8000 in a full run (110 MiB of SSTs: more than the engine's
+    /// cache), 500 / 500,000 / 4000 in a quick one (about 1.5 minutes, four columns,
+    /// three rounds); the lookups well under the database's 4 KiB blocks, so that most
+    /// of them land on a block no earlier lookup read. (fillseq through FUSE makes one
+    /// request per put: the WAL's writes are small and the default mount caches no
+    /// writes.)
+    fn of(o: &Opts) -> AppsSizes {
+        if o.ops <= 2000 {
+            AppsSizes { syncs: 500, fill: 500_000, reads: 4000 }
+        } else {
+            AppsSizes { syncs: 2000, fill: 1_000_000, reads: 8000 }
+        }
+    }
+
+    /// Room on the image for the databases of one cell (SSTs, logs, the fillsync one).
+    fn image_bytes(self) -> u64 {
+        (self.fill as u64 * 512).div_ceil(MIB) * MIB + 128 * MIB
+    }
+}
+
+/// The version of the `db_bench` on PATH ("7.8.3"), or None when there is none.
+fn db_bench_version() -> Option<String> {
+    let out = Command::new("db_bench").arg("--version").stdin(Stdio::null()).output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let version = text.lines().find_map(|l| l.trim().strip_prefix("db_bench version")).map(|v| v.trim().to_string());
+    Some(version.filter(|v| out.status.success() && !v.is_empty()).unwrap_or_else(|| "(version unknown)".into()))
+}
+
+/// Flags of every db_bench run: one thread, no compression, no statistics, a fixed
+/// seed, every table file open from the start (its index read at open, not by the
+/// lookups), a 1 MiB block cache, 4 MiB memtables flushed to SSTs and no automatic
+/// compactions (the same files in every cell).
+fn db_bench_flags(seed: u64) -> Vec<String> {
+    [
+        "--threads=1",
+        "--compression_type=none",
+        "--statistics=0",
+        "--histogram=0",
+        "--progress_reports=0",
+        "--open_files=-1",
+        "--cache_size=1048576",
+        "--key_size=16",
+        "--value_size=100",
+        "--write_buffer_size=4194304",
+        "--disable_auto_compactions=1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([format!("--seed={seed}")])
+    .collect()
+}
+
+/// The last lines of a failed run's output (stderr, or stdout when stderr is empty).
+fn tail(stderr: &[u8], stdout: &[u8]) -> String {
+    let text = String::from_utf8_lossy(if stderr.iter().any(|b| !b.is_ascii_whitespace()) { stderr } else { stdout });
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(12)..].join("\n")
+}
+
+/// Run `db_bench --benchmarks=benchmark` on `db` with the common flags and `args`, and
+/// return the benchmark's ops/s (for readrandom: only if every key was found).
+fn db_bench(db: &Path, benchmark: &str, seed: u64, args: &[String]) -> R<f64> {
+    let out = Command::new("db_bench")
+        .arg(format!("--db={}", db.display()))
+        .arg(format!("--benchmarks={benchmark}"))
+        .args(db_bench_flags(seed))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(err("db_bench"))?;
+    let what = || format!("db_bench --benchmarks={benchmark} {} --db={}", args.join(" "), db.display());
+    if !out.status.success() {
+        return Err(format!("{}: {}:\n{}", what(), out.status, tail(&out.stderr, &out.stdout)));
+    }
+    db_bench_ops(&String::from_utf8_lossy(&out.stdout), benchmark).map_err(|e| format!("{}: {e}", what()))
+}
+
+/// The ops/s of `benchmark` in db_bench's output, from its line
+/// `readrandom   :      37.672 micros/op 26528 ops/sec 0.094 seconds 2500 operations;
+/// 2.9 MB/s (2500 of 2500 found)`; an error if some of the keys looked up were not
+/// found (a lookup of a missing key reads nothing).
+fn db_bench_ops(out: &str, benchmark: &str) -> R<f64> {
+    let rest = out
+        .lines()
+        .find_map(|l| l.split_once(':').filter(|(name, _)| name.trim() == benchmark).map(|(_, rest)| rest))
+        .ok_or_else(|| format!("no `{benchmark} :` line in its output"))?;
+    let words: Vec<&str> = rest.split_whitespace().collect();
+    let ops = words
+        .iter()
+        .position(|w| w.starts_with("ops/sec"))
+        .and_then(|i| words.get(i.checked_sub(1)?))
+        .and_then(|w| w.parse::<f64>().ok())
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .ok_or_else(|| format!("no ops/sec figure in {rest:?}"))?;
+    if let Some((_, found)) = rest.rsplit_once('(').filter(|(_, f)| f.contains("found")) {
+        let n: Vec<&str> = found.split_whitespace().collect();
+        if n.len() < 3 || n[1] != "of" || n[0] != n[2] {
+            return Err(format!("not every key was found: ({found}"));
+        }
+    }
+    Ok(ops)
+}
+
+/// Write back every dirty page and drop the kernel's page, dentry and inode caches.
+fn drop_caches() -> R<()> {
+    // SAFETY: plain syscall.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "3").map_err(err("echo 3 > /proc/sys/vm/drop_caches"))
+}
+
+/// Where part (d)'s databases go: the root of a FUSE mount (default kernel cache mode)
+/// of a fresh `Fs` over the image, or the kernel's directory beside it.
+struct AppsPlace {
+    mount: Option<(Fs, pwfs_fuse::Mounted)>,
+    dir: PathBuf,
+}
+
+impl AppsPlace {
+    fn open(b: &Bench, col: Col, mnt: &Path, kdir: &Path) -> R<AppsPlace> {
+        let Some(config) = col.config() else {
+            std::fs::create_dir_all(kdir).map_err(err("ext4 dir"))?;
+            return Ok(AppsPlace { mount: None, dir: kdir.to_path_buf() });
+        };
+        std::fs::create_dir_all(mnt).map_err(err("mount point"))?;
+        let fs = pwfs::mount_image(&b.image, config).map_err(err("mount"))?;
+        match pwfs_fuse::mount(fs.clone(), mnt, false) {
+            Ok(mounted) => Ok(AppsPlace { mount: Some((fs, mounted)), dir: mnt.to_path_buf() }),
+            Err(e) => {
+                let _ = fs.unmount();
+                let _ = std::fs::remove_dir(mnt);
+                Err(format!("FUSE mount: {e}"))
+            }
+        }
+    }
+
+    /// Everything durable; a FUSE mount unmounted and its mount point removed.
+    fn close(self) -> R<()> {
+        match self.mount {
+            Some((fs, mounted)) => {
+                let fuse = mounted.unmount().map_err(err("FUSE unmount"));
+                let engine = fs.unmount().map_err(err("unmount"));
+                let _ = std::fs::remove_dir(&self.dir);
+                fuse.and(engine)
+            }
+            None => {
+                // SAFETY: plain syscall.
+                unsafe { libc::sync() };
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Part (d)'s figures of one column, over the rounds (ops/s).
+#[derive(Default)]
+struct AppsAcc {
+    fillsync: Vec<f64>,
+    fillseq: Vec<f64>,
+    cold: Vec<f64>,
+    warm: Vec<f64>,
+    /// The SST files' bytes after fillseq.
+    sst_bytes: u64,
+}
+
+fn sst_bytes(db: &Path) -> u64 {
+    let Ok(dir) = std::fs::read_dir(db) else { return 0 };
+    dir.flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".sst"))
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// One cell of part (d): fillsync and fillseq on a fresh mount (ext4: the kernel's
+/// directory, its caches dropped first); the file system unmounted, the kernel's
+/// caches dropped, and readrandom on a fresh mount (cold), then again (warm). The
+/// databases and the mount point are gone afterwards.
+fn apps_cell(b: &Bench, col: Col, s: AppsSizes, seed: u64, dirs: (&Path, &Path), acc: &mut AppsAcc) -> R<()> {
+    let (mnt, kdir) = dirs;
+    let num = |n: usize| format!("--num={n}");
+    drop_caches()?;
+    let place = AppsPlace::open(b, col, mnt, kdir)?;
+    let (db, db_sync) = (place.dir.join("db"), place.dir.join("db-sync"));
+    let filled = db_bench(&db_sync, "fillsync", seed, &[num(s.syncs)])
+        .and_then(|v| {
+            acc.fillsync.push(v);
+            std::fs::remove_dir_all(&db_sync).map_err(err("remove the fillsync db"))
+        })
+        .and_then(|_| db_bench(&db, "fillseq", seed, &[num(s.fill)]))
+        .map(|v| {
+            acc.fillseq.push(v);
+            acc.sst_bytes = acc.sst_bytes.max(sst_bytes(&db));
+        });
+    if filled.is_err() {
+        let _ = std::fs::remove_dir_all(&db_sync);
+        let _ = std::fs::remove_dir_all(&db);
+    }
+    let closed = place.close();
+    filled?;
+    closed?;
+
+    drop_caches()?;
+    let place = AppsPlace::open(b, col, mnt, kdir)?;
+    let db = place.dir.join("db");
+    let read = [num(s.fill), format!("--reads={}", s.reads), "--use_existing_db=1".into()];
+    let cold = db_bench(&db, "readrandom", seed, &read);
+    let warm = cold.as_ref().map_err(|e| e.clone()).and_then(|_| db_bench(&db, "readrandom", seed, &read));
+    let removed = std::fs::remove_dir_all(&db).map_err(err("remove the db"));
+    let closed = place.close();
+    acc.cold.push(cold?);
+    acc.warm.push(warm?);
+    removed?;
+    closed
+}
+
 /// The files every part expects: `/data` on the image and the kernel's file of the
 /// same size (for reads), and the preallocated files of the overwrites on both sides.
 fn prepare(b: &mut Bench, reads: bool, fsync: bool, progress: &mut dyn FnMut(&str)) -> R<()> {
@@ -642,6 +874,26 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
     }
     let runs = |p: &str| o.only.is_empty() || o.only.iter().any(|x| x == p);
     let (do_reads, do_threads, do_fsync) = (runs("reads"), runs("threads"), runs("fsync"));
+    // Part (d) needs a FUSE mount and db_bench, and is never part of the smoke run
+    // (CI has neither rocksdb-tools nor the time).
+    let mut notes = Vec::new();
+    let apps_version = if !runs("apps") {
+        None
+    } else if o.ops <= 100 {
+        notes.push("(d) skipped: not part of the smoke run".to_string());
+        None
+    } else if !pwfs_fuse::can_mount() {
+        notes.push("(d) skipped: a FUSE mount needs root and /dev/fuse".to_string());
+        None
+    } else {
+        let v = db_bench_version();
+        if v.is_none() {
+            notes.push("(d) skipped: db_bench not found (apt-get install rocksdb-tools)".to_string());
+        }
+        v
+    };
+    let do_apps = apps_version.is_some();
+    let apps = AppsSizes::of(o);
     std::fs::create_dir_all(&o.dir).map_err(err("bench dir"))?;
     let device = DeviceProbe::measure(&o.dir);
     let stat = device_stat_path(&o.dir);
@@ -659,7 +911,8 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
     std::fs::create_dir_all(&b.kdir).map_err(err("ext4 dir"))?;
     progress("preparing the image");
     let data = if do_reads || do_threads { file_bytes } else { 0 };
-    make_image(&b.image, data + data / 8 + 96 * MIB)?;
+    let apps_room = if do_apps { apps.image_bytes() } else { 0 };
+    make_image(&b.image, data + data / 8 + 96 * MIB + apps_room)?;
     prepare(&mut b, do_reads || do_threads, do_fsync, progress)?;
 
     // (a) cold reads by size.
@@ -717,6 +970,23 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
             }
         }
     }
+    // (d) db_bench through a FUSE mount.
+    let mut d: HashMap<Col, AppsAcc> = HashMap::new();
+    if do_apps {
+        let (mnt, kdir) = (o.dir.join("aios-apps-mnt"), o.dir.join("aios-apps-ext4"));
+        let _ = std::fs::remove_dir_all(&kdir);
+        for round in 0..rounds {
+            progress(&format!("(d) db_bench fillsync, fillseq, readrandom cold, round {}", round + 1));
+            let mut cols = APPS_COLS;
+            cols.rotate_left(round % APPS_COLS.len());
+            for col in cols {
+                let acc = d.entry(col).or_default();
+                apps_cell(&b, col, apps, o.seed, (&mnt, &kdir), acc).map_err(|e| format!("(d) {}: {e}", col.name()))?;
+            }
+        }
+        let _ = std::fs::remove_dir_all(&kdir);
+        let _ = std::fs::remove_dir(&mnt);
+    }
     let _ = std::fs::remove_file(&b.image);
     let _ = std::fs::remove_file(&b.kfile);
     let _ = std::fs::remove_dir_all(&b.kdir);
@@ -725,19 +995,26 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
     if do_reads || do_threads {
         columns.extend([Col::Raw, Col::Ext4Direct, Col::Ext4Cold]);
     }
-    if do_fsync {
+    if do_fsync || do_apps {
         columns.push(Col::Ext4);
     }
     let mut r = Report {
         title: format!(
             "pwfs bench aios: {} MiB file, pwfs cache {} MiB (a fresh mount per cell), {a_n} reads per size per column, \
-             {fsyncs} write+fsync per cell, {rounds} round(s), columns rotated",
+             {fsyncs} write+fsync per cell{}, {rounds} round(s), columns rotated",
             o.file_mib,
-            CACHE_BYTES / MIB
+            CACHE_BYTES / MIB,
+            if do_apps {
+                let AppsSizes { syncs, fill, reads } = apps;
+                format!(", db_bench {syncs} fillsync / {fill} fillseq / {reads} readrandom per cell")
+            } else {
+                String::new()
+            }
         ),
         columns: columns.iter().map(|c| c.name().to_string()).collect(),
         ratio_bases: vec![Col::Sync.name().into()],
         device: Some(device),
+        notes,
         ..Default::default()
     };
 
@@ -851,6 +1128,41 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
                 .into(),
         });
     }
+    if let Some(version) = &apps_version {
+        type Figure = fn(&AppsAcc) -> &Vec<f64>;
+        let rows: [(&str, Figure); 3] =
+            [("fillsync", |a| &a.fillsync), ("fillseq", |a| &a.fillseq), ("readrandom cold", |a| &a.cold)];
+        for (what, get) in rows {
+            let cells: Vec<(&str, f64)> =
+                APPS_COLS.iter().map(|col| (col.name(), median(get(&d[col]).clone()))).collect();
+            r.row(&format!("(d) db_bench {what}"), "ops/s", false, &cells);
+        }
+        // The share of cold lookups that find their block in no cache: one 4 KiB block
+        // per lookup, uniform over the SSTs' blocks, each block read once.
+        let blocks = (d.values().map(|a| a.sst_bytes).max().unwrap_or(0) / PAGE).max(1) as f64;
+        let first = blocks * (1.0 - (-(apps.reads as f64) / blocks).exp()) / apps.reads as f64;
+        r.notes.push(format!(
+            "(d) db_bench {version}: per cell fillsync --num={} (that many writes with sync=1, a fresh db), fillseq \
+             --num={} (16 B keys, 100 B values; {:.0} MiB of SSTs), then the file system unmounted (ext4: synced), \
+             the kernel's caches dropped (echo 3 > /proc/sys/vm/drop_caches) and a fresh mount (an empty engine \
+             cache) running readrandom --reads={} --use_existing_db=1 (about {:.0}% of the lookups read a block no \
+             earlier one did); pwfs through a FUSE mount of the image (kernel cache write-through), ext4 a \
+             directory beside it; common flags: {}",
+            apps.syncs,
+            apps.fill,
+            blocks * PAGE as f64 / MIB as f64,
+            apps.reads,
+            first * 100.0,
+            db_bench_flags(o.seed).join(" ")
+        ));
+        let warm: Vec<String> =
+            APPS_COLS.iter().map(|col| format!("{} {:.0}", col.name(), median(d[col].warm.clone()))).collect();
+        r.notes.push(format!(
+            "(d) readrandom warm, for comparison (the same lookups again right after the cold run, on the same \
+             mount: the kernel's page cache holds their blocks): {} ops/s",
+            warm.join(", ")
+        ));
+    }
     r.target("Async no slower than Sync", "(a) 4K read p50", "async", "sync", Some(1.0), None);
     // An append commits at every fsync (its size changes); an overwrite within one
     // tick of the coarse clock commits nothing, so the overlapped commit shows here.
@@ -957,6 +1269,22 @@ pub fn plot(r: &Report) -> String {
 mod tests {
     use super::*;
 
+    /// db_bench's result lines (RocksDB 7.8.3), parsed without db_bench.
+    #[test]
+    fn parses_db_bench_output() {
+        let out = "DB path: [/tmp/db]\n\
+                   fillsync     :    3372.057 micros/op 296 ops/sec 6.744 seconds 2000 operations;    0.0 MB/s (2 ops)\n\
+                   readrandom   :      37.672 micros/op 26528 ops/sec 0.094 seconds 2500 operations;    2.9 MB/s \
+                   (2500 of 2500 found)\n";
+        assert_eq!(db_bench_ops(out, "fillsync"), Ok(296.0));
+        assert_eq!(db_bench_ops(out, "readrandom"), Ok(26528.0));
+        assert!(db_bench_ops(out, "fillseq").is_err());
+        let missing = "readrandom   :      3.0 micros/op 333333 ops/sec; (12 of 2500 found)\n";
+        assert!(db_bench_ops(missing, "readrandom").unwrap_err().contains("not every key"));
+        assert!(db_bench_ops("readrandom : nothing here\n", "readrandom").is_err());
+        assert_eq!(tail(b"", b"a\n\nb\n"), "a\nb");
+    }
+
     /// The smoke run fills every cell, states both targets, and records the device.
     #[test]
     fn smoke_run_fills_the_table() {
@@ -985,6 +1313,9 @@ mod tests {
         for name in ["(b) 4K read, 4 threads", "(c) 64B append+fsync 4t p99"] {
             assert!(r.rows.iter().any(|x| x.name == name), "{name}");
         }
+        // Part (d) (db_bench) is never run by the smoke run, and says so.
+        assert!(!r.rows.iter().any(|x| x.name.starts_with("(d)")));
+        assert!(r.notes.iter().any(|n| n == "(d) skipped: not part of the smoke run"), "{:?}", r.notes);
         let j = r.json();
         assert!(j["device"]["read_4k_us"].as_f64().is_some_and(|v| v > 0.0), "{j}");
         let _ = std::fs::remove_dir_all(dir);

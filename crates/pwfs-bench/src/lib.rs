@@ -5,8 +5,9 @@
 //! Workloads (`pwfs bench <name>`):
 //! - `aios`: the asynchronous I/O stack experiment: cold reads of 4-128 KiB at queue
 //!   depth 1 (with the engine's before/device/after breakdown), cold 4 KiB reads from
-//!   1-4 threads, write+fsync latency; Sync, Async and Async+polling mounts against
-//!   ext4 and raw io_uring O_DIRECT reads of the image.
+//!   1-4 threads, write+fsync latency, RocksDB db_bench through a FUSE mount; Sync,
+//!   Async and Async+polling mounts against ext4 and raw io_uring O_DIRECT reads of the
+//!   image.
 //! - `basic`: cold 4 KiB random reads at queue depth 1, 4 KiB write+fsync, 1 MiB
 //!   sequential write and cold read, warm 4 KiB reads; against ext4 buffered, ext4
 //!   O_DIRECT, and raw io_uring O_DIRECT reads of the image (the device floor).

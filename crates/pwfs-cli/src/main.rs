@@ -124,10 +124,11 @@ enum Cmd {
         /// Where to write the JSON record (default: DIR/WORKLOAD.json).
         #[arg(long)]
         json: Option<PathBuf>,
-        /// Run these parts alone (comma-separated). aios: reads, threads, fsync; nbw:
-        /// seqwrite, randwrite, randrw, randread, seqread, fuse; scale: overwrite, read,
-        /// create, smallwrite; fuse: untar, find, randwrite, cached, cold, appends, seq,
-        /// git, fileserver, webproxy, varmail, randomrw.
+        /// Run these parts alone (comma-separated). aios: reads, threads, fsync, apps
+        /// (RocksDB db_bench through a FUSE mount); nbw: seqwrite, randwrite, randrw,
+        /// randread, seqread, fuse; scale: overwrite, read, create, smallwrite; fuse: untar,
+        /// find, randwrite, cached, cold, appends, seq, git, fileserver, webproxy, varmail,
+        /// randomrw.
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
     },
