@@ -62,10 +62,10 @@ enum Cmd {
         /// fetch later.
         #[arg(long, value_enum, default_value = "async-bg")]
         fetch: Fetch,
-        /// The I/O stack: sync waits for each step before the next (the off-switch);
-        /// async submits first and does the bookkeeping while the device works (a read
-        /// miss, the commit of an fsync).
-        #[arg(long, value_enum, default_value = "sync")]
+        /// The I/O stack: async submits first and does the bookkeeping while the device
+        /// works (a read miss, the commit of an fsync); sync waits for each step before
+        /// the next (the off-switch).
+        #[arg(long, value_enum, default_value = "async")]
         stack: StackArg,
         /// Hybrid polling: a thread waiting for the device spins for about one 4 KiB
         /// read's latency before it sleeps (lower latency, a busier core).

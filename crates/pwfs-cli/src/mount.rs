@@ -396,6 +396,7 @@ pub fn render_stats(fs: &pwfs::Fs) -> String {
         "state                 {state}\n\
          commit interval       {interval}\n\
          fetch policy          {:?}\n\
+         I/O stack             {:?}{}\n\
          patches created       {}\n\
          patches merged        {}\n\
          fetches avoided       {}\n\
@@ -409,6 +410,8 @@ pub fn render_stats(fs: &pwfs::Fs) -> String {
          journal commits       {}\n\
          journal checkpoints   {}\n",
         fs.config().fetch,
+        fs.config().stack,
+        if fs.config().poll { ", hybrid polling" } else { "" },
         n.patches_created,
         n.patches_merged,
         n.fetches_avoided,
