@@ -144,8 +144,10 @@ impl Trace {
 impl FsInner {
     /// Pages `first..first + n` of a regular file for a read (the asynchronous
     /// stack's miss path): cached pages as they are; the others read from the device,
-    /// their requests submitted before their cache entries are made. Every page
-    /// returned is readable, Outdated (patches), or failed. The caller holds the
+    /// their requests submitted before their cache entries are made. The pages this
+    /// call read are readable or failed when it returns; pages it found, or lost a
+    /// race for, may still be in another thread's fetch or write-back (the caller
+    /// waits on each page, as on the synchronous path). The caller holds the
     /// file's I/O lock shared, so no write moves a block of the range meanwhile, and
     /// has noted the range's end (`note_pages`) for truncates.
     pub(crate) fn read_pages_async(&self, cell: &InodeCell, first: u64, n: u64) -> Result<Vec<Arc<Page>>> {
@@ -216,11 +218,11 @@ impl FsInner {
     }
 
     /// The asynchronous stack's commit of the running transaction (see the module
-    /// doc), with the data `writeback_locked_for(files)` writes. The caller holds the
-    /// commit lock.
-    pub(crate) fn commit_overlapped(&self, files: Option<&std::collections::BTreeSet<u64>>) -> Result<()> {
-        let wb = self.writeback_begin(true, files)?;
-        let (tx, frees) = match self.meta.lock().take_tx() {
+    /// doc), writing the dirty data of the inodes in `selection` (None: all; see
+    /// `writeback_selection`). The caller holds the commit lock.
+    pub(crate) fn commit_overlapped(&self, selection: Option<&std::collections::BTreeSet<u64>>) -> Result<()> {
+        let wb = self.writeback_begin(true, selection)?;
+        let (tx, frees) = match self.meta.lock().take_tx(selection) {
             Ok(v) => v,
             Err(e) => {
                 self.end_quietly(wb);
@@ -231,6 +233,10 @@ impl FsInner {
         if tx.is_empty() {
             if let Some(wb) = wb {
                 self.writeback_end(wb)?;
+            }
+            // Data written by this write-back or an earlier one not followed by a
+            // flush (the write-back thread, an fdatasync's).
+            if self.take_unflushed() {
                 submitting();
                 self.dev.flush().map_err(|e| self.poison(e.into()))?;
                 completed();
@@ -252,9 +258,14 @@ impl FsInner {
                 return Err(self.poison(e));
             }
         };
-        let data = || match wb {
-            Some(wb) => self.writeback_end(wb),
-            None => Ok(()),
+        let data = || {
+            let r = match wb {
+                Some(wb) => self.writeback_end(wb),
+                None => Ok(()),
+            };
+            // The flush `finish` makes next covers every data write so far.
+            self.take_unflushed();
+            r
         };
         j.finish(&*self.dev, started, data).map_err(|e| self.poison(e))?;
         completed();

@@ -398,11 +398,13 @@ impl PageCache {
         let mut out = BTreeSet::new();
         for shard in self.shards.iter() {
             let m = shard.map.lock();
-            let mut last = None;
-            for k in &m.dirty {
-                if last != Some(k.0) {
-                    out.insert(k.0);
-                    last = Some(k.0);
+            // One step per inode, not per dirty page.
+            let mut from = (0, 0);
+            while let Some(&(ino, _)) = m.dirty.range(from..).next() {
+                out.insert(ino);
+                match ino.checked_add(1) {
+                    Some(next) => from = (next, 0),
+                    None => break,
                 }
             }
         }

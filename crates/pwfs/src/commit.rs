@@ -235,17 +235,21 @@ impl FsInner {
     }
 
     fn commit_once(&self, files: Option<&std::collections::BTreeSet<u64>>) -> Result<()> {
+        let selection = self.writeback_selection(files);
         if self.config.stack == crate::config::Stack::Async {
-            return self.commit_overlapped(files);
+            return self.commit_overlapped(selection.as_ref());
         }
-        let wrote = self.writeback_locked_for(files)?;
+        self.writeback_of(selection.as_ref())?;
         let (tx, frees) = {
             let mut m = self.meta.lock();
-            m.take_tx().map_err(|e| self.poison(e))?
+            m.take_tx(selection.as_ref()).map_err(|e| self.poison(e))?
         };
         let logged: Vec<u64> = tx.images.iter().map(|(b, _)| *b).collect();
+        // Every data write so far is covered by the flush below, or by the journal's.
+        let unflushed = self.take_unflushed();
         if tx.is_empty() {
-            if wrote {
+            if unflushed {
+                crate::aios::submitting();
                 self.dev.flush().map_err(|e| self.poison(e.into()))?;
                 crate::aios::completed();
             }

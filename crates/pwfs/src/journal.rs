@@ -179,11 +179,12 @@ impl Journal {
     }
 
     /// Finish a started transaction, the asynchronous stack's way (`Stack::Async`):
-    /// the commit block is built while the body is in flight, then `data` waits for
-    /// the transaction's data writes (ordered mode), the body is waited for, one flush
-    /// makes both durable, and the commit block goes out as a FUA write (the device
-    /// writes and flushes it where it has no FUA). The order on the medium is the
-    /// classic one: data and journal body durable before the commit block is written.
+    /// the commit block is built while the body is in flight, then the body is waited
+    /// for and `data` waits for the transaction's data writes (ordered mode), one
+    /// flush makes both durable, and the commit block goes out as a FUA write (the
+    /// device writes and flushes it where it has no FUA). The order on the medium is
+    /// the classic one: data and journal body durable before the commit block is
+    /// written.
     pub fn finish(
         &mut self,
         dev: &dyn Device,

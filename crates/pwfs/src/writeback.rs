@@ -114,13 +114,40 @@ impl FsInner {
     /// medium: ordered mode). Overwrites of other files' blocks stay in the cache: an
     /// fsync does not pay for every file's dirty data (ext4 does the same).
     pub(crate) fn writeback_locked_for(&self, files: Option<&BTreeSet<u64>>) -> Result<bool> {
-        match self.writeback_begin(false, files)? {
+        let selection = self.writeback_selection(files);
+        self.writeback_of(selection.as_ref())
+    }
+
+    /// Write back the dirty pages of exactly the inodes in `selection` (None: all).
+    pub(crate) fn writeback_of(&self, selection: Option<&BTreeSet<u64>>) -> Result<bool> {
+        match self.writeback_begin(false, selection)? {
             None => Ok(false),
             Some(s) => self.writeback_end(s).map(|()| true),
         }
     }
 
-    /// Place every dirty page (of the files `writeback_locked_for` picks for `files`)
+    /// The inodes whose dirty pages a commit for fsyncs of `files` writes (None: all
+    /// of them): those files, and every file with dirty pages whose size or block map
+    /// changed since it was last stored. Decided outside the cache's locks (an
+    /// inode's lock is not taken under them).
+    pub(crate) fn writeback_selection(&self, files: Option<&BTreeSet<u64>>) -> Option<BTreeSet<u64>> {
+        let files = files?;
+        let mut inos = self.cache.dirty_inodes();
+        inos.retain(|ino| files.contains(ino) || self.inodes.get(*ino).is_none_or(|c| c.lock().data_meta_dirty));
+        inos.extend(files.iter().copied());
+        Some(inos)
+    }
+
+    /// Whether data was written since the last flush, forgetting it: the flush the
+    /// caller is about to make covers it. Write-back that is not part of a commit
+    /// (the write-back thread under pressure, an fdatasync) leaves data in the disk's
+    /// volatile cache; an fsync that finds nothing else to do must still flush it.
+    /// Under the commit lock, like every write-back.
+    pub(crate) fn take_unflushed(&self) -> bool {
+        self.unflushed.swap(false, Ordering::AcqRel)
+    }
+
+    /// Place every dirty page (of the inodes in `selection`, see `writeback_selection`)
     /// and put its write on the device. `overlap` false: the
     /// writes are waited for here, each chunk's bookkeeping overlapping the writes
     /// of the chunks before it (`writeback_end` only settles the pages). `overlap`
@@ -130,19 +157,11 @@ impl FsInner {
     pub(crate) fn writeback_begin(
         &self,
         overlap: bool,
-        files: Option<&BTreeSet<u64>>,
+        selection: Option<&BTreeSet<u64>>,
     ) -> Result<Option<StartedWriteback>> {
-        let pages = match files {
+        let pages = match selection {
             None => self.cache.take_dirty(),
-            Some(files) => {
-                // Decided outside the cache's locks (an inode's lock is not taken
-                // under them).
-                let mut inos = self.cache.dirty_inodes();
-                inos.retain(|ino| {
-                    files.contains(ino) || self.inodes.get(*ino).is_none_or(|c| c.lock().data_meta_dirty)
-                });
-                self.cache.take_dirty_of(&inos)
-            }
+            Some(inos) => self.cache.take_dirty_of(inos),
         };
         if pages.is_empty() {
             return Ok(None);
@@ -206,6 +225,9 @@ impl FsInner {
             WritebackIo::Started(started) => started.into_iter().flat_map(crate::device::Pending::wait).collect(),
         };
         crate::aios::completed();
+        if !written.is_empty() {
+            self.unflushed.store(true, Ordering::Release);
+        }
         self.stats.data_writes.fetch_add(written.len() as u64, Ordering::Relaxed);
         let mut result = mapped;
         let mut written = written.into_iter();

@@ -276,3 +276,72 @@ fn overwrites_within_a_clock_tick_make_fsync_commit_nothing() {
         fs.unmount().unwrap();
     }
 }
+
+#[test]
+fn fsync_after_background_write_back_still_flushes() {
+    for stack in [Stack::Sync, Stack::Async] {
+        let image = formatted_image(16 * MIB, &MkfsOptions::default());
+        let (dev, fs) = sim_fs(image, SimConfig::default(), Config { stack, ..test_config() });
+        let a = OpenOptions::new().write(true).create(true).open(&fs, "/a").unwrap();
+        a.write_at(&page(4), 0).unwrap();
+        fs.sync().unwrap();
+        let base = dev.start_recording();
+        // An overwrite (in the tick of the last one, most likely: no metadata change),
+        // written home by write-back without a flush, then fsync'd: the fsync finds
+        // nothing dirty and nothing to commit, and must flush all the same.
+        a.write_at(&page(5), 0).unwrap();
+        fs.write_back().unwrap();
+        let flushes = dev.stats().flushes;
+        a.sync_all().unwrap();
+        assert!(dev.stats().flushes > flushes, "{stack:?}: fsync returned without a flush");
+        assert_eq!(content(&crashed(&base, &dev), "/a"), page(5), "{stack:?}");
+        // The same for fdatasync, and for a sync of the whole file system.
+        a.write_at(&page(6), 0).unwrap();
+        fs.write_back().unwrap();
+        a.sync_data().unwrap();
+        assert_eq!(content(&crashed(&base, &dev), "/a"), page(6), "{stack:?}");
+        a.write_at(&page(7), 0).unwrap();
+        fs.write_back().unwrap();
+        fs.sync().unwrap();
+        assert_eq!(content(&crashed(&base, &dev), "/a"), page(7), "{stack:?}");
+        drop(a);
+        fs.unmount().unwrap();
+    }
+}
+
+#[test]
+fn a_file_grown_during_an_fsync_of_another_keeps_its_data_owed() {
+    // A file whose new size a commit for another file's fsync stored without its
+    // data keeps `data_meta_dirty`: the next fsync of any file writes that data.
+    for stack in [Stack::Sync, Stack::Async] {
+        let image = formatted_image(16 * MIB, &MkfsOptions::default());
+        let (dev, fs) = sim_fs(image, SimConfig::default(), Config { stack, ..test_config() });
+        let g = OpenOptions::new().write(true).create(true).open(&fs, "/g").unwrap();
+        let f = OpenOptions::new().write(true).create(true).open(&fs, "/f").unwrap();
+        fs.sync().unwrap();
+        let base = dev.start_recording();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for p in 0..64 {
+                    g.write_at(&page(p), p * 4096).unwrap();
+                }
+            });
+            for p in 0..16 {
+                f.write_at(&page(p), 0).unwrap();
+                f.sync_all().unwrap();
+            }
+        });
+        // Whatever the interleaving: after one more fsync of /f, every byte of /g
+        // within the size a commit stored is its data, never a hole.
+        f.write_at(&page(99), 0).unwrap();
+        f.sync_all().unwrap();
+        let after = crashed(&base, &dev);
+        let got = content(&after, "/g");
+        assert_eq!(got.len() % 4096, 0, "{stack:?}");
+        for (p, chunk) in got.chunks(4096).enumerate() {
+            assert_eq!(chunk, &page(p as u64)[..], "{stack:?}: /g page {p} of {}", got.len() / 4096);
+        }
+        drop((f, g));
+        fs.unmount().unwrap();
+    }
+}

@@ -304,13 +304,18 @@ impl Meta {
     /// Close the running transaction: store its inodes into their table blocks and
     /// hand out copies of every changed block, the revokes, and the frees to release
     /// once it is durable.
-    pub fn take_tx(&mut self) -> Result<(Transaction, Vec<(u64, u64)>)> {
+    /// Close the running transaction: store its inodes, copy its blocks. `written`:
+    /// the inodes whose dirty data the commit wrote (None: all); an inode outside it
+    /// whose size or block map changed keeps `data_meta_dirty`, so that the next
+    /// commit for an fsync writes its data too.
+    pub fn take_tx(&mut self, written: Option<&BTreeSet<u64>>) -> Result<(Transaction, Vec<(u64, u64)>)> {
         let closing = self.tx.close_inodes();
         for (ino, counted) in closing.inodes {
             // Paired with the bound the inode registered with: operations are
             // admitted against it, so a chain that grew past it could outgrow the
             // journal.
-            let done = self.store_inode(ino, closing.epoch)?;
+            let keep = written.is_some_and(|w| !w.contains(&ino));
+            let done = self.store_inode(ino, closing.epoch, keep)?;
             if done.images > counted.images || done.revokes > counted.revokes {
                 return Err(Error::corrupt(format!(
                     "bug: inode {ino} stored {done:?} of extent chain, registered as at most {counted:?}"
@@ -567,7 +572,7 @@ impl Meta {
     /// transaction that closed at `epoch` holds it; returns what its extent chain
     /// added. An inode that must stay in the next transaction (a write in the middle of
     /// changing it, pages still reserved) registers there again.
-    fn store_inode(&mut self, ino: u64, epoch: u64) -> Result<TxSize> {
+    fn store_inode(&mut self, ino: u64, epoch: u64, keep_data_meta_dirty: bool) -> Result<TxSize> {
         let Some(cell) = self.table.get(ino) else {
             return Ok(TxSize::default());
         };
@@ -608,7 +613,7 @@ impl Meta {
         let (blk, off) = self.inode_slot(ino);
         let b = self.modify(blk)?;
         node.d.encode(ino, &mut b[off..off + f::INODE_SIZE]);
-        node.data_meta_dirty = false;
+        node.data_meta_dirty &= keep_data_meta_dirty;
         if node.pins > 0 || !node.reserved.is_empty() || !node.converting.is_empty() {
             node.register(&self.tx, None);
         } else if node.tx_epoch == epoch {

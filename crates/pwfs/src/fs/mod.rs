@@ -105,6 +105,8 @@ pub(crate) struct FsInner {
     /// Commits begun and completed (`commit_locked`), for group commit.
     pub(crate) commits_begun: std::sync::atomic::AtomicU64,
     pub(crate) commits_done: std::sync::atomic::AtomicU64,
+    /// Data was written back since the last flush (`take_unflushed`).
+    pub(crate) unflushed: std::sync::atomic::AtomicBool,
     /// Files of fsyncs waiting for a commit: the next commit writes their data.
     pub(crate) fsync_files: Mutex<std::collections::BTreeSet<u64>>,
     pub(crate) poisoned: Mutex<Option<String>>,
@@ -243,6 +245,7 @@ impl Fs {
             commits_begun: Default::default(),
             commits_done: Default::default(),
             fsync_files: Default::default(),
+            unflushed: Default::default(),
             poisoned: Mutex::new(None),
             handles: AtomicU64::new(0),
             clean,
@@ -392,6 +395,12 @@ impl Fs {
     /// Commit everything (sync(2)).
     pub fn sync(&self) -> Result<()> {
         self.inner.commit()
+    }
+
+    /// Write dirty data home without committing, as the write-back thread does under
+    /// dirty-data pressure: nothing is made durable by it (no flush, no journal).
+    pub fn write_back(&self) -> Result<()> {
+        self.inner.writeback()
     }
 
     /// Drop every clean cached page (benchmarks use it for cold runs). Readahead

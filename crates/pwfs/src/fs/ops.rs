@@ -1103,7 +1103,9 @@ impl Fs {
         let (first, last) = (offset / BLOCK, (offset + len as u64 - 1) / BLOCK);
         self.inner.readahead(ino, ra, offset, len as u64, size);
         cell.note_pages(last + 1);
-        let pages = if self.inner.config.stack == Stack::Async {
+        // The asynchronous path reads a request's pages in one batch; a request of more
+        // than 256 pages takes the chunked path (pages readable a chunk at a time).
+        let pages = if self.inner.config.stack == Stack::Async && last - first < 256 {
             self.inner.read_pages_async(cell, first, last - first + 1)?
         } else {
             let mut pages = Vec::with_capacity((last - first + 1) as usize);
@@ -1349,10 +1351,11 @@ impl Fs {
     /// first time the inode changes in it); one that reserves space takes the
     /// metadata lock too. Returns the size before, the offset (end of file when
     /// `append`), the end of the write, and the time its modification and change
-    /// times take — None when the write changes no metadata: it stays within the file
-    /// and allocated blocks, and its time is the inode's already (timestamps move at
-    /// the kernel's coarse clock, as ext4's do). Such a write is not pinned, and an
-    /// fsync after it writes data and flushes, with no commit.
+    /// times take — None when the write changes no metadata: it stays within the file,
+    /// needs no new reservation or conversion (its pages have blocks, or have them
+    /// reserved or being converted already), and its time is the inode's already
+    /// (timestamps move at the kernel's coarse clock, as ext4's do). Such a write is
+    /// not pinned, and adds nothing to the running transaction.
     fn begin_write(
         &self,
         cell: &InodeCell,
@@ -1581,10 +1584,14 @@ impl Fs {
         if self.inner.covered(ticket) {
             return self.inner.check_alive();
         }
-        self.inner.writeback_locked_for(Some(&[ino].into()))?;
+        // This file's pages only: write-back may allocate (and so set
+        // `data_meta_dirty`), which then needs the commit, which writes whatever else
+        // that commit stores.
+        self.inner.writeback_of(Some(&[ino].into()))?;
         if self.inner.cell(ino)?.lock().data_meta_dirty {
             return self.inner.commit_locked_for(Some(ino));
         }
+        self.inner.take_unflushed();
         crate::aios::submitting();
         self.inner.dev.flush().map_err(|e| self.inner.poison(e.into()))?;
         crate::aios::completed();
@@ -1596,6 +1603,8 @@ impl Fs {
 /// clock (what ext4 stamps writes with: it moves once a tick), never before the
 /// inode's change time (set by a finer clock, or by an earlier write), so that times
 /// do not go backwards. Writes within one tick change no metadata after the first.
+/// (Should the clock step back, writes keep the inode's change time, and so change no
+/// metadata, until the clock passes it again.)
 fn write_time(node: &Inode) -> f::Timespec {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: a plain call with a valid out-pointer.
