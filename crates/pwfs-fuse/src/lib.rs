@@ -203,16 +203,22 @@ impl PwFuse {
     /// After a shutdown: drop what the kernel caches (attributes, pages) of every inode
     /// it knows, so that reads it would have served itself come here and fail with EIO.
     /// On a thread of its own: an invalidation waits for the kernel's page locks, which
-    /// a request in progress may hold.
-    fn forget_kernel_caches(&self) {
-        let Some(n) = self.notifier.get().cloned() else { return };
+    /// a request in progress may hold. The caller waits for it (bounded) before it
+    /// answers the shutdown, so that a read right after the ioctl returns is not
+    /// served from the kernel's cache (it was, now and then, when the answer went
+    /// first).
+    fn forget_kernel_caches(&self) -> Option<std::sync::mpsc::Receiver<()>> {
+        let n = self.notifier.get().cloned()?;
         let mut inos: Vec<u64> = self.lookups.lock().expect("lookup table").keys().copied().collect();
         inos.push(pwfs::format::ROOT_INO);
+        let (done, finished) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for ino in inos {
                 let _ = n.inval_inode(INodeNo(ino), 0, 0);
             }
+            let _ = done.send(());
         });
+        Some(finished)
     }
 
     fn forget_n(&self, ino: u64, n: u64) {
@@ -895,6 +901,10 @@ impl Filesystem for PwFuse {
         let Some(mode) = pwfs::GoingDown::from_flags(flags) else { return reply.error(Errno::EINVAL) };
         let flushed = self.fs.go_down(mode);
         eprintln!("pwfs: shut down by XFS_IOC_GOINGDOWN ({mode:?}); every operation fails with EIO now");
+        if let Some(finished) = self.forget_kernel_caches() {
+            // Bounded: an invalidation stuck behind a page lock must not hang the caller.
+            let _ = finished.recv_timeout(Duration::from_secs(2));
+        }
         match flushed {
             // Nothing copied back: the caller's flags stay as they were.
             Ok(()) => reply.ioctl(0, &[]),
@@ -905,7 +915,6 @@ impl Filesystem for PwFuse {
                 reply.error(Errno::EIO)
             }
         }
-        self.forget_kernel_caches();
     }
 
     fn create(

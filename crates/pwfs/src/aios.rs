@@ -218,11 +218,17 @@ impl FsInner {
     }
 
     /// The asynchronous stack's commit of the running transaction (see the module
-    /// doc), writing the dirty data of the inodes in `selection` (None: all; see
-    /// `writeback_selection`). The caller holds the commit lock.
-    pub(crate) fn commit_overlapped(&self, selection: Option<&std::collections::BTreeSet<u64>>) -> Result<()> {
-        let wb = self.writeback_begin(true, selection)?;
-        let (tx, frees) = match self.meta.lock().take_tx(selection) {
+    /// doc), writing the dirty data `writeback_selection(files)` picks (all of it for
+    /// None). The caller holds the commit lock.
+    pub(crate) fn commit_overlapped(&self, files: Option<&std::collections::BTreeSet<u64>>) -> Result<()> {
+        // From the choice of data to the closing of the transaction, no write grows a
+        // file (`size_gate`); here that is CPU work only, the data is in flight.
+        let gate = self.size_gate.write().unwrap_or_else(|e| e.into_inner());
+        let selection = self.writeback_selection(files);
+        let wb = self.writeback_begin(true, selection.as_ref())?;
+        let taken = self.meta.lock().take_tx(selection.as_ref());
+        drop(gate);
+        let (tx, frees) = match taken {
             Ok(v) => v,
             Err(e) => {
                 self.end_quietly(wb);

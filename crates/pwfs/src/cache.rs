@@ -113,6 +113,19 @@ impl Page {
         self.cond.notify_all();
     }
 
+    /// The write was not made (the page lies past the end of file while the write
+    /// that extends the file finishes): the page gets its buffer back and stays dirty.
+    /// The caller marks it dirty in the cache again (`PageCache::mark_dirty_if_held`).
+    pub fn abort_writeback(&self, buf: AlignedBuf) {
+        let mut g = self.lock();
+        g.buf = Some(buf);
+        if g.state == PageState::Writeback {
+            g.state = PageState::Dirty;
+        }
+        drop(g);
+        self.cond.notify_all();
+    }
+
     /// The fetch is done: pending patches are applied in order, and the page becomes
     /// readable (Dirty if it had patches) and waiters wake. The caller settles the
     /// accounting of the patches (`g.patch_bytes()`) before, under the same lock, so
@@ -355,6 +368,15 @@ impl PageCache {
         pages
             .map(|page| self.shard(page.key).map.lock().pages.get(&page.key).is_some_and(|p| Arc::ptr_eq(p, page)))
             .collect()
+    }
+
+    /// `mark_dirty` for this page, if it is still the cache's page for its key (a
+    /// page dropped meanwhile, by a truncate or a delete, is not listed again).
+    pub fn mark_dirty_if_held(&self, page: &Arc<Page>) {
+        let mut m = self.shard(page.key).map.lock();
+        if m.pages.get(&page.key).is_some_and(|p| Arc::ptr_eq(p, page)) && m.dirty.insert(page.key) {
+            self.dirty.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     pub fn mark_dirty(&self, key: Key) {

@@ -235,15 +235,19 @@ impl FsInner {
     }
 
     fn commit_once(&self, files: Option<&std::collections::BTreeSet<u64>>) -> Result<()> {
-        let selection = self.writeback_selection(files);
         if self.config.stack == crate::config::Stack::Async {
-            return self.commit_overlapped(selection.as_ref());
+            return self.commit_overlapped(files);
         }
+        // From the choice of data to the closing of the transaction, no write grows a
+        // file (`size_gate`): every size stored has its data written before it.
+        let gate = self.size_gate.write().unwrap_or_else(|e| e.into_inner());
+        let selection = self.writeback_selection(files);
         self.writeback_of(selection.as_ref())?;
         let (tx, frees) = {
             let mut m = self.meta.lock();
             m.take_tx(selection.as_ref()).map_err(|e| self.poison(e))?
         };
+        drop(gate);
         let logged: Vec<u64> = tx.images.iter().map(|(b, _)| *b).collect();
         // Every data write so far is covered by the flush below, or by the journal's.
         let unflushed = self.take_unflushed();

@@ -282,6 +282,11 @@ impl FsInner {
             }
         }
         let mut placed: Vec<(u64, Arc<Page>, AlignedBuf)> = Vec::with_capacity(kept.len());
+        // Pages past the end of file: a write that extends the file marks its pages
+        // dirty before it publishes the new size (so that no commit stores a size
+        // over data that is not dirty yet); they stay dirty for the write-back after
+        // it. (Pages of a truncate or a delete in progress are dropped by it.)
+        let mut past_end: Vec<(Arc<Page>, AlignedBuf)> = Vec::new();
         {
             let mut m = self.meta.lock();
             let mut items = kept.into_iter().peekable();
@@ -303,13 +308,16 @@ impl FsInner {
                 for ((p, buf), b) in run.into_iter().zip(phys) {
                     match b {
                         Some(b) => placed.push((b, p, buf)),
-                        // Truncated or deleted meanwhile: nothing to write.
-                        None => unplaced.push((p, buf)),
+                        None => past_end.push((p, buf)),
                     }
                 }
             }
         }
         unplaced.into_iter().for_each(|(p, buf)| p.end_writeback(buf));
+        for (p, buf) in past_end {
+            p.abort_writeback(buf);
+            self.cache.mark_dirty_if_held(&p);
+        }
         placed.sort_by_key(|p| p.0);
         let mut ops: Vec<Op> = Vec::new();
         let mut last: Option<u64> = None;

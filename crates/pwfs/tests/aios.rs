@@ -345,3 +345,67 @@ fn a_file_grown_during_an_fsync_of_another_keeps_its_data_owed() {
         fs.unmount().unwrap();
     }
 }
+
+#[test]
+fn a_commit_during_an_appending_write_never_stores_a_size_over_missing_data() {
+    // One thread appends page after page; another commits again and again (fsyncs of
+    // another file, syncs). At any crash point, every page of the appended file within
+    // its recovered size holds its data: a write publishes its new size only after its
+    // pages are dirty, and write-back keeps a page past the end of file dirty.
+    for stack in [Stack::Sync, Stack::Async] {
+        let image = formatted_image(32 * MIB, &MkfsOptions::default());
+        let (dev, fs) = sim_fs(image, SimConfig::default(), Config { stack, ..test_config() });
+        let g = OpenOptions::new().write(true).create(true).open(&fs, "/g").unwrap();
+        let f = OpenOptions::new().write(true).create(true).open(&fs, "/f").unwrap();
+        fs.sync().unwrap();
+        let base = dev.start_recording();
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for p in 0..1500 {
+                    g.write_at(&page(p), p * 4096).unwrap();
+                }
+                done.store(true, std::sync::atomic::Ordering::Release);
+            });
+            let mut i = 0u64;
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                f.write_at(&page(i), 0).unwrap();
+                if i.is_multiple_of(2) {
+                    f.sync_all().unwrap();
+                } else {
+                    fs.sync().unwrap();
+                }
+                i += 1;
+            }
+        });
+        let log = dev.log();
+        let flushes: Vec<usize> =
+            (0..log.len()).filter(|i| matches!(log[*i], pwfs::device::sim::LogEntry::Flush)).collect();
+        assert!(flushes.len() > 10, "{stack:?}: only {} flushes", flushes.len());
+        for (n, at) in flushes.iter().enumerate().step_by((flushes.len() / 40).max(1)) {
+            let img = pwfs::device::sim::crash_image(&base, &log, at + 1, n as u64);
+            let (_d, after) = sim_fs(img, SimConfig::default(), test_config());
+            let got = content_all(&after, "/g");
+            for (p, chunk) in got.chunks(4096).enumerate() {
+                let ok = chunk == &page(p as u64)[..chunk.len()];
+                let zeros = chunk.iter().all(|b| *b == 0);
+                assert!(
+                    ok,
+                    "{stack:?}, crash after entry {at}: /g page {p} of {} (all zeros: {zeros})",
+                    got.len() / 4096
+                );
+            }
+        }
+        drop((f, g));
+        fs.unmount().unwrap();
+    }
+}
+
+fn content_all(fs: &Fs, path: &str) -> Vec<u8> {
+    let f = OpenOptions::new().read(true).open(fs, path).unwrap();
+    let size = f.metadata().unwrap().size;
+    let mut buf = vec![0u8; size as usize];
+    let n = f.read_at(&mut buf, 0).unwrap();
+    assert_eq!(n as u64, size);
+    buf
+}

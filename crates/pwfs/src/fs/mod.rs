@@ -105,6 +105,11 @@ pub(crate) struct FsInner {
     /// Commits begun and completed (`commit_locked`), for group commit.
     pub(crate) commits_begun: std::sync::atomic::AtomicU64,
     pub(crate) commits_done: std::sync::atomic::AtomicU64,
+    /// Orders a write that grows a file (its pages marked dirty, then its size
+    /// published: shared) against a commit's choice of data and its closing of the
+    /// transaction (exclusive): a commit stores no size whose data it did not see
+    /// dirty. Shared per CPU: taking it costs a writer no shared cache line.
+    pub(crate) size_gate: crossbeam_utils::sync::ShardedLock<()>,
     /// Data was written back since the last flush (`take_unflushed`).
     pub(crate) unflushed: std::sync::atomic::AtomicBool,
     /// Files of fsyncs waiting for a commit: the next commit writes their data.
@@ -246,6 +251,7 @@ impl Fs {
             commits_done: Default::default(),
             fsync_files: Default::default(),
             unflushed: Default::default(),
+            size_gate: Default::default(),
             poisoned: Mutex::new(None),
             handles: AtomicU64::new(0),
             clean,

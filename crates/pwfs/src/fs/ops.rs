@@ -1315,8 +1315,15 @@ impl Fs {
             drop(node);
             m.add_reserved(-n);
         }
-        // The size covers what was copied before the pages go to write-back, which
-        // takes a dirty page past the end of file for a truncated one and skips it.
+        // Every page changed so far goes to write-back, even when a later one failed;
+        // marked dirty before the new size is published, and, for a write that grows
+        // the file, both under the size gate, which a commit holds from choosing its
+        // data to closing its transaction: no commit stores a size over pages it did
+        // not see dirty. (Write-back outside a commit that finds such a page past the
+        // old end keeps it dirty, see `prepare_writeback`.)
+        let _gate = (end > size).then(|| self.inner.size_gate.read().unwrap_or_else(|e| e.into_inner()));
+        self.inner.cache.mark_dirty_range(ino, first, dirtied);
+        // The size covers what was copied.
         let copied_end = offset + copied as u64;
         if let Some(t) = stamp {
             let mut node = cell.lock();
@@ -1336,8 +1343,7 @@ impl Fs {
                 }
             }
         }
-        // Every page changed so far goes to write-back, even when a later one failed.
-        self.inner.cache.mark_dirty_range(ino, first, dirtied);
+        drop(_gate);
         result?;
         drop(_g);
         self.inner.maybe_commit()?;
