@@ -16,21 +16,35 @@ pub struct Allocator {
     free: u64,
     /// Freed in the running transaction; still marked used until it commits.
     pending: Vec<(u64, u64)>,
+    /// Freed blocks taken by a commit in flight (`take_pending`) and not yet given
+    /// back (`release`): free soon, like `pending`.
+    committing: u64,
     hint: u64,
 }
 
 impl Allocator {
     /// An allocator for blocks `base..base+len`, all free.
     pub fn new(base: u64, len: u64) -> Allocator {
-        Allocator { base, len, words: vec![0; len.div_ceil(64) as usize], free: len, pending: Vec::new(), hint: 0 }
+        Allocator {
+            base,
+            len,
+            words: vec![0; len.div_ceil(64) as usize],
+            free: len,
+            pending: Vec::new(),
+            committing: 0,
+            hint: 0,
+        }
     }
 
     pub fn free_blocks(&self) -> u64 {
         self.free
     }
 
+    /// Blocks freed and not reusable yet: by the running transaction, or by the one
+    /// committing now (an operation short of space waits for that commit rather than
+    /// fail: its frees come back when it is durable).
     pub fn pending_blocks(&self) -> u64 {
-        self.pending.iter().map(|p| p.1).sum()
+        self.pending.iter().map(|p| p.1).sum::<u64>() + self.committing
     }
 
     fn get(&self, i: u64) -> bool {
@@ -102,7 +116,9 @@ impl Allocator {
 
     /// Hand the pending runs to the transaction being committed.
     pub fn take_pending(&mut self) -> Vec<(u64, u64)> {
-        std::mem::take(&mut self.pending)
+        let runs = std::mem::take(&mut self.pending);
+        self.committing += runs.iter().map(|r| r.1).sum::<u64>();
+        runs
     }
 
     /// The transaction that freed these runs has committed: reuse them.
@@ -112,6 +128,7 @@ impl Allocator {
                 self.set(b - self.base, false);
             }
             self.free += count;
+            self.committing = self.committing.saturating_sub(count);
         }
     }
 }
