@@ -222,7 +222,9 @@ impl FsInner {
     /// None). The caller holds the commit lock.
     pub(crate) fn commit_overlapped(&self, files: Option<&std::collections::BTreeSet<u64>>) -> Result<()> {
         // From the choice of data to the closing of the transaction, no write grows a
-        // file (`size_gate`); here that is CPU work only, the data is in flight.
+        // file (`size_gate`); that is CPU work only, the data is in flight (and what
+        // needed a fetch was settled before the gate).
+        self.settle_for_commit(files);
         let gate = self.size_gate.write().unwrap_or_else(|e| e.into_inner());
         let selection = self.writeback_selection(files);
         let wb = self.writeback_begin(true, selection.as_ref())?;

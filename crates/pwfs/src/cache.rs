@@ -400,6 +400,24 @@ impl PageCache {
         }
     }
 
+    /// The dirty pages (of the inodes in `inos`, or all), left dirty.
+    pub fn dirty_pages(&self, inos: Option<&BTreeSet<u64>>) -> Vec<Arc<Page>> {
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            let m = shard.map.lock();
+            match inos {
+                None => out.extend(m.dirty.iter().filter_map(|k| m.pages.get(k).cloned())),
+                Some(inos) => {
+                    for ino in inos {
+                        let keys = m.dirty.range((*ino, 0)..=(*ino, u64::MAX));
+                        out.extend(keys.filter_map(|k| m.pages.get(k).cloned()));
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// Take the dirty set (in key order); the pages stay in the cache.
     pub fn take_dirty(&self) -> Vec<Arc<Page>> {
         let mut out = Vec::new();

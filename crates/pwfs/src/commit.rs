@@ -239,15 +239,19 @@ impl FsInner {
             return self.commit_overlapped(files);
         }
         // From the choice of data to the closing of the transaction, no write grows a
-        // file (`size_gate`): every size stored has its data written before it.
+        // file (`size_gate`): every size stored has its data written before it. The
+        // gate covers placing the data and starting its writes, not waiting for them:
+        // the data is waited for after, and before anything of the journal is written.
+        self.settle_for_commit(files);
         let gate = self.size_gate.write().unwrap_or_else(|e| e.into_inner());
         let selection = self.writeback_selection(files);
-        self.writeback_of(selection.as_ref())?;
-        let (tx, frees) = {
-            let mut m = self.meta.lock();
-            m.take_tx(selection.as_ref()).map_err(|e| self.poison(e))?
-        };
+        let wb = self.writeback_begin(true, selection.as_ref())?;
+        let taken = self.meta.lock().take_tx(selection.as_ref());
         drop(gate);
+        if let Some(wb) = wb {
+            self.writeback_end(wb)?;
+        }
+        let (tx, frees) = taken.map_err(|e| self.poison(e))?;
         let logged: Vec<u64> = tx.images.iter().map(|(b, _)| *b).collect();
         // Every data write so far is covered by the flush below, or by the journal's.
         let unflushed = self.take_unflushed();

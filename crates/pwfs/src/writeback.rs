@@ -138,6 +138,27 @@ impl FsInner {
         Some(inos)
     }
 
+    /// Before a commit takes the size gate: the dirty pages it will write that still
+    /// need their data (patches: resolved; being fetched: waited for), so that the
+    /// gate, which holds back writes that grow files, is not held across that I/O.
+    /// Pages that get patches meanwhile are settled under the gate (rare).
+    pub(crate) fn settle_for_commit(&self, files: Option<&BTreeSet<u64>>) {
+        let selection = self.writeback_selection(files);
+        let pages = self.cache.dirty_pages(selection.as_ref());
+        let mut by_ino: std::collections::BTreeMap<u64, Vec<Arc<Page>>> = Default::default();
+        for p in &pages {
+            if p.lock().state == crate::cache::PageState::Outdated {
+                by_ino.entry(p.key.0).or_default().push(p.clone());
+            }
+        }
+        for (ino, ps) in by_ino {
+            let _ = self.resolve(ino, ps);
+        }
+        for p in &pages {
+            drop(p.wait());
+        }
+    }
+
     /// Whether data was written since the last flush, forgetting it: the flush the
     /// caller is about to make covers it. Write-back that is not part of a commit
     /// (the write-back thread under pressure, an fdatasync) leaves data in the disk's
