@@ -21,9 +21,8 @@
 //! `Config::trace_io` is on ([`IoTimes`]).
 
 use crate::cache::Page;
-use crate::device::{Op, OpKind};
 use crate::error::Result;
-use crate::format::{BLOCK, BLOCK_SIZE};
+use crate::format::BLOCK_SIZE;
 use crate::fs::inode::InodeCell;
 use crate::fs::FsInner;
 use crate::nbw::{StartedFetch, DISCARD};
@@ -163,34 +162,8 @@ impl FsInner {
             missing.iter().map(|i| if node.freed { None } else { node.map_data(*i) }).collect()
         };
         // One request per run of consecutive blocks; buffers from the registered pool.
-        let mut ops: Vec<Op> = Vec::new();
-        let mut runs: Vec<Vec<usize>> = Vec::new();
-        let mut last: Option<u64> = None;
-        for (k, b) in maps.iter().enumerate() {
-            let Some(b) = *b else {
-                last = None;
-                continue;
-            };
-            let buf = self.dev.alloc(BLOCK_SIZE);
-            match (ops.last_mut(), last) {
-                (Some(op), Some(l)) if l + 1 == b && op.bufs.len() < 256 => {
-                    op.bufs.push(buf);
-                    runs.last_mut().expect("paired").push(k);
-                }
-                _ => {
-                    ops.push(Op { kind: OpKind::Read, offset: b * BLOCK, bufs: vec![buf] });
-                    runs.push(vec![k]);
-                }
-            }
-            last = Some(b);
-        }
-        let pending = if ops.is_empty() {
-            None
-        } else {
-            self.stats.data_reads.fetch_add(ops.len() as u64, Ordering::Relaxed);
-            submitting();
-            Some(self.dev.start(ops))
-        };
+        let (ops, runs) = self.read_requests(&maps);
+        let pending = (!ops.is_empty()).then(|| self.start_reads(ops));
         // While the device reads: the cache entries. A page someone else put in the
         // cache meanwhile is theirs (its read, its patches); ours is discarded.
         let mut won: Vec<Arc<Page>> = Vec::new();
@@ -279,12 +252,7 @@ impl FsInner {
         completed();
         let checkpointed = j.stats.checkpoints != before;
         drop(j);
-        let mut m = self.meta.lock();
-        if checkpointed {
-            m.pinned.clear();
-        }
-        m.pinned.extend(logged);
-        m.alloc.release(frees);
+        self.committed(logged, frees, checkpointed);
         Ok(())
     }
 

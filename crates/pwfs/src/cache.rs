@@ -104,23 +104,23 @@ impl Page {
 
     /// The write is done (or was not needed): the page is clean and readable again.
     pub fn end_writeback(&self, buf: AlignedBuf) {
-        let mut g = self.lock();
-        g.buf = Some(buf);
-        if g.state == PageState::Writeback {
-            g.state = PageState::UpToDate;
-        }
-        drop(g);
-        self.cond.notify_all();
+        self.return_buffer(buf, PageState::UpToDate);
     }
 
     /// The write was not made (the page lies past the end of file while the write
     /// that extends the file finishes): the page gets its buffer back and stays dirty.
     /// The caller marks it dirty in the cache again (`PageCache::mark_dirty_if_held`).
     pub fn abort_writeback(&self, buf: AlignedBuf) {
+        self.return_buffer(buf, PageState::Dirty);
+    }
+
+    /// A page lent to write-back gets its buffer back, in `state` unless it left
+    /// Writeback meanwhile, and its waiters wake.
+    fn return_buffer(&self, buf: AlignedBuf, state: PageState) {
         let mut g = self.lock();
         g.buf = Some(buf);
         if g.state == PageState::Writeback {
-            g.state = PageState::Dirty;
+            g.state = state;
         }
         drop(g);
         self.cond.notify_all();

@@ -273,13 +273,20 @@ impl FsInner {
         crate::aios::completed();
         let checkpointed = j.stats.checkpoints != before;
         drop(j);
+        self.committed(logged, frees, checkpointed);
+        Ok(())
+    }
+
+    /// A transaction is durable: its blocks' cached copies are the newest until a
+    /// checkpoint writes them home (a checkpoint during it wrote the older ones), and
+    /// the blocks it freed can be reused.
+    pub(crate) fn committed(&self, logged: Vec<u64>, frees: Vec<(u64, u64)>, checkpointed: bool) {
         let mut m = self.meta.lock();
         if checkpointed {
             m.pinned.clear();
         }
         m.pinned.extend(logged);
         m.alloc.release(frees);
-        Ok(())
     }
 
     /// Commit if the running transaction is getting too big for the journal, or if

@@ -294,14 +294,31 @@ impl FsInner {
                 return Err(e);
             }
         };
-        let mut ops: Vec<Op> = Vec::new();
-        let mut owners: Vec<Vec<usize>> = Vec::new();
-        let mut last: Option<u64> = None;
-        for (i, (p, b)) in pages.iter().zip(&maps).enumerate() {
-            let Some(b) = *b else {
+        for (p, b) in pages.iter().zip(&maps) {
+            if b.is_none() {
                 let g = p.lock();
                 self.settle_patches(g.patch_bytes());
                 p.complete(g, self.dev.alloc_zeroed(BLOCK_SIZE));
+            }
+        }
+        let (ops, owners) = self.read_requests(&maps);
+        if ops.is_empty() {
+            return Ok(None);
+        }
+        let pending = self.start_reads(ops);
+        Ok(Some(StartedFetch { ino, pages, owners, pending }))
+    }
+
+    /// Read requests for the blocks `maps` gives (None: no block, nothing to read):
+    /// one request per run of consecutive blocks (at most 256), buffers from the
+    /// device's registered pool; with each request, the indexes in `maps` its buffers
+    /// are for, in order.
+    pub(crate) fn read_requests(&self, maps: &[Option<u64>]) -> (Vec<Op>, Vec<Vec<usize>>) {
+        let mut ops: Vec<Op> = Vec::new();
+        let mut owners: Vec<Vec<usize>> = Vec::new();
+        let mut last: Option<u64> = None;
+        for (i, b) in maps.iter().enumerate() {
+            let Some(b) = *b else {
                 last = None;
                 continue;
             };
@@ -318,13 +335,14 @@ impl FsInner {
             }
             last = Some(b);
         }
-        if ops.is_empty() {
-            return Ok(None);
-        }
+        (ops, owners)
+    }
+
+    /// Put data reads on the device (counted, and marked for `Config::trace_io`).
+    pub(crate) fn start_reads(&self, ops: Vec<Op>) -> Pending {
         self.stats.data_reads.fetch_add(ops.len() as u64, Ordering::Relaxed);
         crate::aios::submitting();
-        let pending = self.dev.start(ops);
-        Ok(Some(StartedFetch { ino, pages, owners, pending }))
+        self.dev.start(ops)
     }
 
     /// Wait for a started fetch and complete its pages: patches applied in order, the

@@ -144,9 +144,17 @@ impl FsInner {
     /// Pages that get patches meanwhile are settled under the gate (rare).
     pub(crate) fn settle_for_commit(&self, files: Option<&BTreeSet<u64>>) {
         let selection = self.writeback_selection(files);
-        let pages = self.cache.dirty_pages(selection.as_ref());
+        self.settle_pages(&self.cache.dirty_pages(selection.as_ref()));
+    }
+
+    /// Give pages about to be written their data: pages with patches are fetched and
+    /// patched (a failed fetch is remembered for the file's next fsync; its page is
+    /// dropped and not written), then every page another thread is fetching —
+    /// including one the fetcher claimed between the look and `resolve` — is waited
+    /// for, so that all of them are written now: an fsync must not return before.
+    fn settle_pages(&self, pages: &[Arc<Page>]) {
         let mut by_ino: std::collections::BTreeMap<u64, Vec<Arc<Page>>> = Default::default();
-        for p in &pages {
+        for p in pages {
             if p.lock().state == crate::cache::PageState::Outdated {
                 by_ino.entry(p.key.0).or_default().push(p.clone());
             }
@@ -154,7 +162,7 @@ impl FsInner {
         for (ino, ps) in by_ino {
             let _ = self.resolve(ino, ps);
         }
-        for p in &pages {
+        for p in pages {
             drop(p.wait());
         }
     }
@@ -187,23 +195,7 @@ impl FsInner {
         if pages.is_empty() {
             return Ok(None);
         }
-        // Pages with patches get their data first (a failed fetch is remembered for the
-        // file's next fsync; its page is dropped and not written).
-        let mut by_ino: std::collections::BTreeMap<u64, Vec<Arc<Page>>> = Default::default();
-        for p in &pages {
-            if p.lock().state == crate::cache::PageState::Outdated {
-                by_ino.entry(p.key.0).or_default().push(p.clone());
-            }
-        }
-        for (ino, ps) in by_ino {
-            let _ = self.resolve(ino, ps);
-        }
-        // Then wait for every page another thread is fetching — including one the
-        // fetcher claimed between the look above and `resolve` — so that all of them
-        // are written now: an fsync must not return before they are.
-        for p in &pages {
-            drop(p.wait());
-        }
+        self.settle_pages(&pages);
         // Pages are prepared (mapped, allocated, turned into requests) a chunk at a
         // time, while the device writes the chunks before: the bookkeeping of write-back
         // overlaps its I/O instead of leaving the device idle.
