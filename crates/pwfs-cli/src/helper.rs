@@ -59,6 +59,13 @@ pub fn parse_options(opts: &str, sloppy: bool, o: &mut MountOpts) -> Result<(), 
                     _ => return Err(format!("stack={v}: expected sync or async")),
                 })
             }
+            ("shim", Some(v)) => {
+                o.shim = Some(match v {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(format!("shim={v}: expected on or off")),
+                })
+            }
             ("poll", Some(v)) => {
                 o.poll = Some(match v {
                     "on" => true,

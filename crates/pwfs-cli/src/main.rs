@@ -71,6 +71,11 @@ enum Cmd {
         /// read's latency before it sleeps (lower latency, a busier core).
         #[arg(long, value_enum, default_value = "off")]
         poll: OnOff,
+        /// Serve the LD_PRELOAD shim (libpwfs_preload.so): a program run with it
+        /// reads and writes this mount's files through shared memory with this process
+        /// instead of FUSE requests.
+        #[arg(long, value_enum, default_value = "on")]
+        shim: OnOff,
         /// Run the full consistency check before mounting, even if the image was
         /// unmounted cleanly (it always runs when it was not).
         #[arg(long)]
@@ -331,6 +336,7 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             fetch,
             stack,
             poll,
+            shim,
             check,
             kernel_cache,
             atime,
@@ -344,6 +350,7 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
                     StackArg::Async => pwfs::Stack::Async,
                 }),
                 poll: Some(matches!(poll, OnOff::On)),
+                shim: Some(matches!(shim, OnOff::On)),
                 kernel_cache: Some(kernel_cache.into()),
                 check,
                 allow_other,

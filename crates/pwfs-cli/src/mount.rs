@@ -4,6 +4,7 @@ use pwfs::{Config, MkfsOptions};
 use std::ffi::CString;
 use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::FromRawFd;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -70,6 +71,8 @@ pub struct MountOpts {
     pub stack: Option<pwfs::Stack>,
     /// Hybrid polling of completions: `poll=on|off`.
     pub poll: Option<bool>,
+    /// Serve the LD_PRELOAD shim (`shim=on|off`; default on).
+    pub shim: Option<bool>,
     pub kernel_cache: Option<pwfs_fuse::KernelCache>,
     /// Run the full check even on an image unmounted cleanly.
     pub check: bool,
@@ -161,6 +164,7 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
         suid: o.suid,
         dev: o.dev,
         threads: o.threads,
+        shim: o.shim.unwrap_or(true),
         // The mount says what the engine does: noatime unless access times are on, then
         // relatime (strictatime is kept as asked, and served by the relatime rule).
         flags: if atime {
@@ -172,6 +176,22 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
     let mounted = pwfs_fuse::mount_with(fs.clone(), mountpoint, &options)
         .map_err(|e| format!("mount at {}: {e}", mountpoint.display()))?;
     let unmounter = mounted.unmounter();
+    // The shim's socket, once the mount is there (its files' device is the mount's).
+    if o.shim.unwrap_or(true) {
+        let view = mounted.view();
+        let started = std::fs::metadata(mountpoint).map(|m| m.dev()).and_then(|dev| {
+            pwfs_shim::server::Server::start(
+                shim_file(mountpoint),
+                fs.clone(),
+                dev,
+                Box::new(move |ino| view.changed(ino)),
+            )
+        });
+        match started {
+            Ok(server) => *SHIM.lock().unwrap_or_else(|e| e.into_inner()) = Some(server),
+            Err(e) => out += &format!("pwfs: warning: no shim socket, LD_PRELOAD clients use the mount ({e})\n"),
+        }
+    }
     out += &format!(
         "pwfs: {} mounted at {}; Ctrl-C, SIGTERM or `pwfs umount {}` unmounts\n",
         image.display(),
@@ -236,6 +256,7 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
         }
     }
     drop(control);
+    SHIM.lock().unwrap_or_else(|e| e.into_inner()).take();
     let _ = std::fs::remove_file(&stats_path);
     // Flushed even when serving ended with an error: what was acknowledged is written.
     let down = fs.is_down();
@@ -370,6 +391,14 @@ pub fn socket_file(mountpoint: &Path) -> PathBuf {
     runtime_file(mountpoint, "sock")
 }
 
+/// The shim's socket of `mountpoint` (the name `pwfs_shim::proto::socket_path` gives).
+fn shim_file(mountpoint: &Path) -> PathBuf {
+    runtime_file(mountpoint, "shim")
+}
+
+/// The shim server of this process's mount, while it serves.
+static SHIM: std::sync::Mutex<Option<pwfs_shim::server::Server>> = std::sync::Mutex::new(None);
+
 /// The mount point a file in RUN_DIR is named after (for messages: a '%' in the mount
 /// point's own name comes back as '/').
 pub fn mountpoint_of(file: &Path) -> PathBuf {
@@ -422,7 +451,20 @@ pub fn render_stats(fs: &pwfs::Fs) -> String {
         n.patch_bytes,
         j.commits,
         j.checkpoints,
-    )
+    ) + &shim_stats()
+}
+
+fn shim_stats() -> String {
+    match SHIM.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|s| s.counters()) {
+        Some(c) => format!(
+            "shim processes        {} now, {} in all\n\
+             shim threads          {}\n\
+             shim files registered {}\n\
+             shim requests         {}\n",
+            c.sessions, c.sessions_total, c.channels, c.registered, c.requests
+        ),
+        None => "shim                  off\n".to_string(),
+    }
 }
 
 /// The counters the serving process of `mountpoint` last wrote.

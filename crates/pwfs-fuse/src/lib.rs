@@ -84,6 +84,9 @@ pub struct MountOptions {
     pub flags: libc::c_ulong,
     /// Threads serving requests (`None`: `default_threads`).
     pub threads: Option<usize>,
+    /// Files also change behind the kernel's back (the LD_PRELOAD shim is served):
+    /// keep track of what the kernel caches, to invalidate it ([`Mounted::view`]).
+    pub shim: bool,
 }
 
 /// The file system type in /proc/mounts: mount(8) runs `mount.fuse.pwfs` for it.
@@ -129,14 +132,80 @@ struct PwFuse {
     lookups: std::sync::Mutex<std::collections::HashMap<u64, u64>>,
     /// Sends invalidations to the kernel (set once the session exists).
     notifier: Arc<OnceLock<fuser::Notifier>>,
+    /// What the kernel may hold of files changed behind its back (the shim's writes).
+    view: Arc<KernelView>,
+}
+
+/// What the kernel may cache of each regular file (attributes, pages), for a mount
+/// whose files also change behind the kernel's back (the LD_PRELOAD shim writes to
+/// the engine directly): [`KernelView::changed`] then drops the kernel's copy, with
+/// one invalidation, only if the kernel took something of that file since the last
+/// one. A request that hands the kernel a file's attributes or pages marks the file
+/// first (`touch`), before it reads the engine, so a change racing with it always
+/// sees the mark: its invalidation then bumps the kernel's attribute version (a
+/// reply to an older request is not cached) or waits for the page lock of a read in
+/// progress. Inactive (no cost) when the mount has no shim.
+pub struct KernelView {
+    active: bool,
+    shards: Box<[std::sync::Mutex<std::collections::HashSet<u64>>]>,
+    notifier: Arc<OnceLock<fuser::Notifier>>,
+}
+
+impl KernelView {
+    fn new(active: bool, notifier: Arc<OnceLock<fuser::Notifier>>) -> KernelView {
+        let shards = (0..64).map(|_| Default::default()).collect();
+        KernelView { active, shards, notifier }
+    }
+
+    fn shard(&self, ino: u64) -> std::sync::MutexGuard<'_, std::collections::HashSet<u64>> {
+        self.shards[(ino % self.shards.len() as u64) as usize].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The kernel is about to receive attributes or pages of `ino`.
+    fn touch(&self, ino: u64) {
+        if self.active {
+            self.shard(ino).insert(ino);
+        }
+    }
+
+    /// The kernel forgot `ino`.
+    fn forget(&self, ino: u64) {
+        if self.active {
+            self.shard(ino).remove(&ino);
+        }
+    }
+
+    /// `ino` changed behind the kernel's back: drop what it holds of it (attributes
+    /// and every cached page). Synchronous: when it returns, a stat or read through
+    /// the kernel sees the change. Must not be called from a FUSE request of `ino`.
+    pub fn changed(&self, ino: u64) {
+        if !self.shard(ino).remove(&ino) {
+            return;
+        }
+        if let Some(n) = self.notifier.get() {
+            let _ = n.inval_inode(INodeNo(ino), 0, 0);
+        }
+    }
 }
 
 impl PwFuse {
+    /// Attributes of `m` for the kernel to keep: a regular file is marked first and
+    /// read again, so that a change by the shim after the read that gave `m` is either
+    /// in the answer or invalidates it.
+    fn fresh(&self, m: Metadata) -> Metadata {
+        if !self.view.active || !m.is_file() {
+            return m;
+        }
+        self.view.touch(m.ino);
+        self.fs.getattr(m.ino).unwrap_or(m)
+    }
+
     /// Reply with an entry and count the kernel's new reference to it.
     fn entry(&self, reply: ReplyEntry, r: pwfs::Result<Metadata>) {
         match r {
             Ok(m) => {
                 self.remember(m.ino);
+                let m = self.fresh(m);
                 reply.entry(&TTL, &attr(&m), Generation(m.generation as u64))
             }
             Err(e) => reply.error(errno(e)),
@@ -179,6 +248,7 @@ impl PwFuse {
                 if uncount {
                     self.fs.release_ino(m.ino);
                 }
+                let m = self.fresh(m);
                 reply.created(
                     &TTL,
                     &attr(&m),
@@ -227,6 +297,7 @@ impl PwFuse {
             *c = c.saturating_sub(n);
             if *c == 0 {
                 l.remove(&ino);
+                self.view.forget(ino);
                 self.fs.release_ino(ino);
             }
         }
@@ -434,6 +505,7 @@ impl Filesystem for PwFuse {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.view.touch(ino.0);
         match self.fs.getattr(ino.0) {
             Ok(m) => reply.attr(&TTL, &attr(&m)),
             Err(e) => reply.error(errno(e)),
@@ -470,6 +542,7 @@ impl Filesystem for PwFuse {
             // set-id bits (FUSE_HANDLE_KILLPRIV is not negotiated).
             kill_setid: false,
         };
+        self.view.touch(ino.0);
         match self.fs.setattr(ino.0, &set) {
             Ok(m) => reply.attr(&TTL, &attr(&m)),
             Err(e) => reply.error(errno(e)),
@@ -593,6 +666,7 @@ impl Filesystem for PwFuse {
         reply: ReplyData,
     ) {
         let mut buf = vec![0u8; size as usize];
+        self.view.touch(ino.0);
         match self.fs.read(ino.0, offset, &mut buf) {
             Ok(n) => reply.data(&buf[..n]),
             Err(e) => reply.error(errno(e)),
@@ -607,7 +681,7 @@ impl Filesystem for PwFuse {
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyWrite,
     ) {
@@ -628,9 +702,25 @@ impl Filesystem for PwFuse {
                 Err(e) => return reply.error(errno(e)),
             }
         }
-        // O_APPEND is resolved by the kernel into the offset it sends.
-        match self.fs.write(ino.0, offset, data, false) {
-            Ok(_) => reply.written(data.len() as u32),
+        // O_APPEND is resolved by the kernel into the offset it sends, from the size it
+        // caches; after the shim appended (behind its back) that size can be stale, and
+        // the kernel does not ask again before an append. The engine appends at its own
+        // end instead, and if that is not where the kernel put the data in its pages,
+        // the kernel's copy is dropped (on another thread: this write's pages are
+        // locked until it is answered).
+        self.view.touch(ino.0);
+        // (The write-back cache sends whole pages at their place and asks for the size
+        // itself before an append.)
+        let append = self.view.active && self.cache != KernelCache::WriteBack && flags.0 & libc::O_APPEND != 0;
+        match self.fs.write(ino.0, offset, data, append) {
+            Ok(at) => {
+                reply.written(data.len() as u32);
+                if at != offset {
+                    if let Some(n) = self.notifier.get().cloned() {
+                        std::thread::spawn(move || n.inval_inode(ino, 0, 0));
+                    }
+                }
+            }
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -735,6 +825,7 @@ impl Filesystem for PwFuse {
                     // directory was read is left out, and one whose number went to
                     // another file meanwhile is not given that file's attributes.
                     let Ok(md) = self.fs.lookup(ino.0, &e.name) else { continue };
+                    let md = self.fresh(md);
                     let dot = e.name == b"." || e.name == b"..";
                     let full = reply.add(
                         INodeNo(md.ino),
@@ -995,6 +1086,7 @@ pub struct Mounted {
     unmounter: Unmounter,
     /// Stops the remount watcher.
     watching: Arc<AtomicBool>,
+    view: Arc<KernelView>,
 }
 
 /// Unmounts one mount: the one this process made, and only while it is still what is
@@ -1060,6 +1152,12 @@ impl Mounted {
         r
     }
 
+    /// What the kernel caches of the mount's files, to drop when they change behind its
+    /// back (active with `MountOptions::shim`).
+    pub fn view(&self) -> Arc<KernelView> {
+        self.view.clone()
+    }
+
     /// What unmounts this mount from another thread.
     pub fn unmounter(&self) -> Unmounter {
         self.unmounter.clone()
@@ -1100,7 +1198,14 @@ pub fn mount_with(fs: Fs, mountpoint: &Path, o: &MountOptions) -> std::io::Resul
         fs.set_read_only(true).map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
     }
     let notifier = Arc::new(OnceLock::new());
-    let pw = PwFuse { fs: fs.clone(), cache: o.kernel_cache, lookups: Default::default(), notifier: notifier.clone() };
+    let view = Arc::new(KernelView::new(o.shim, notifier.clone()));
+    let pw = PwFuse {
+        fs: fs.clone(),
+        cache: o.kernel_cache,
+        lookups: Default::default(),
+        notifier: notifier.clone(),
+        view: view.clone(),
+    };
     let mountpoint = mountpoint.canonicalize()?;
     let (session, id, dev) = match mount_sys(&mountpoint, o)? {
         Some((fd, m)) => {
@@ -1129,7 +1234,7 @@ pub fn mount_with(fs: Fs, mountpoint: &Path, o: &MountOptions) -> std::io::Resul
             .name("pwfs-remounts".into())
             .spawn(move || watch_remounts(fs, id, read_only, &watching))?;
     }
-    Ok(Mounted { session, unmounter: Unmounter { mountpoint, id }, watching })
+    Ok(Mounted { session, unmounter: Unmounter { mountpoint, id }, watching, view })
 }
 
 /// A line of /proc/self/mountinfo.

@@ -248,6 +248,15 @@ impl File {
         Ok(data.len())
     }
 
+    /// pwrite(2): write all of `data` at `offset` (at the end of file for O_APPEND
+    /// handles) and return where it went.
+    pub fn pwrite(&self, data: &[u8], offset: u64) -> Result<u64> {
+        if !self.writable {
+            return Err(Error::new(ErrorKind::BadHandle, "file not open for writing"));
+        }
+        self.fs.write_cell(&self.cell, offset, data, self.append)
+    }
+
     /// Read at the file position, advancing it.
     pub fn read(&self, buf: &mut [u8]) -> Result<usize> {
         let mut pos = self.pos.lock();
@@ -463,6 +472,28 @@ impl Fs {
         // POSIX: O_TRUNC updates mtime and ctime even on an empty file.
         if o.truncate && md.kind == FileType::File && !created {
             self.truncate(ino, 0)?;
+        }
+        Ok(file)
+    }
+
+    /// A handle on the open regular file `ino`, for a front end that checked the
+    /// caller's access itself (the shim's daemon: the kernel did at open(2)). Holds the
+    /// inode like an open file: its number is not reused while the handle lives.
+    pub fn open_ino_file(&self, ino: u64, read: bool, write: bool, append: bool) -> Result<File> {
+        self.inner.check_up()?;
+        let (md, cell) = self.open_cell(ino)?;
+        let file = File {
+            fs: self.clone(),
+            ino,
+            cell,
+            ra: RaState::default(),
+            pos: Mutex::new(0),
+            readable: read,
+            writable: write || append,
+            append,
+        };
+        if md.kind != FileType::File {
+            return Err(Error::invalid(format!("inode {ino} is not a regular file")));
         }
         Ok(file)
     }

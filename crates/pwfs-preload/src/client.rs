@@ -1,0 +1,573 @@
+//! The client side of the shim: which descriptors are on a Patchwork mount, the
+//! process's session with each mount's daemon, the calling thread's channel, and one
+//! request over it.
+//!
+//! Shared state is small and mostly lock-free: a table of descriptors (one atomic word
+//! each), the mounts found so far, and one spin lock (`LOCK`) for what talks on a
+//! session socket (registering a descriptor, opening a channel, finding mounts). A
+//! fork bumps `FORK_GEN` in the child: descriptors, sessions and channels of an older
+//! generation are the parent's and are made again on first use.
+
+use crate::real;
+use pwfs_shim::proto::{self, Header, Kind, Msg, Op, Stat, CLOSED, DATA, DONE, HEADER, MAP_LEN, REQUEST};
+use std::cell::{Cell, RefCell, UnsafeCell};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+/// How long the calling thread spins for its answer before it sleeps.
+const CLIENT_SPIN_NS: u64 = 30_000;
+/// How long it sleeps at a time before it looks whether the daemon is still there.
+const LIVENESS_MS: u64 = 100;
+/// Descriptors the table covers; higher ones go to the kernel.
+const MAX_FDS: usize = 1 << 16;
+/// Mounts the shim keeps track of.
+const MAX_MOUNTS: usize = 16;
+
+/// The fork generation of this process (bumped in a child).
+pub static FORK_GEN: AtomicU32 = AtomicU32::new(0);
+
+/// Why a call was not carried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fail {
+    /// Let the kernel do it (not ours, no daemon, a call the shim does not carry).
+    Kernel,
+    /// Fail the call with this errno.
+    Errno(i32),
+}
+
+pub type R<T> = Result<T, Fail>;
+
+// ---- the spin lock -------------------------------------------------------------
+
+/// A spin lock that a fork can reset: `std`'s mutexes cannot be unlocked in the child
+/// of a fork taken while another thread held them.
+pub struct Lock<T> {
+    held: AtomicBool,
+    value: UnsafeCell<T>,
+}
+
+// SAFETY: the value is only reached through `with`, which holds the lock.
+unsafe impl<T: Send> Sync for Lock<T> {}
+
+impl<T> Lock<T> {
+    pub const fn new(v: T) -> Lock<T> {
+        Lock { held: AtomicBool::new(false), value: UnsafeCell::new(v) }
+    }
+
+    pub fn raw_lock(&self) {
+        while self.held.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            std::thread::yield_now();
+        }
+    }
+
+    /// # Safety
+    /// The caller holds the lock (or is the only thread left: the child of a fork).
+    pub unsafe fn raw_unlock(&self) {
+        self.held.store(false, Ordering::Release);
+    }
+
+    pub fn with<U>(&self, f: impl FnOnce(&mut T) -> U) -> U {
+        self.raw_lock();
+        struct Unlock<'a>(&'a AtomicBool);
+        impl Drop for Unlock<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        let _u = Unlock(&self.held);
+        // SAFETY: the lock is held until _u drops.
+        f(unsafe { &mut *self.value.get() })
+    }
+}
+
+/// The process's sessions and mounts, under the lock.
+pub struct State {
+    /// st_dev of the Patchwork mounts found, with their socket paths.
+    mounts: Vec<(u64, Vec<u8>)>,
+    /// Devices known not to be Patchwork mounts (a cache, cleared when full).
+    others: Vec<u64>,
+}
+
+pub static LOCK: Lock<State> = Lock::new(State { mounts: Vec::new(), others: Vec::new() });
+
+/// Per mount (index into `State::mounts`), readable without the lock: its device,
+/// the session socket (-1: none), the generation it was made in, and whether the
+/// daemon is known gone.
+static DEVS: [AtomicU64; MAX_MOUNTS] = [const { AtomicU64::new(0) }; MAX_MOUNTS];
+static SOCKS: [AtomicI32; MAX_MOUNTS] = [const { AtomicI32::new(-1) }; MAX_MOUNTS];
+static SOCK_GEN: [AtomicU32; MAX_MOUNTS] = [const { AtomicU32::new(0) }; MAX_MOUNTS];
+static GONE: [AtomicBool; MAX_MOUNTS] = [const { AtomicBool::new(false) }; MAX_MOUNTS];
+
+// ---- the descriptor table ----------------------------------------------------
+
+/// 0: not looked at yet; NOT_OURS; or OURS | generation << 40 | mount << 32 | handle.
+static FDS: [AtomicU64; MAX_FDS] = [const { AtomicU64::new(0) }; MAX_FDS];
+const UNKNOWN: u64 = 0;
+const NOT_OURS: u64 = 1;
+const OURS: u64 = 1 << 63;
+
+fn entry(gen: u32, mount: usize, handle: u32) -> u64 {
+    OURS | ((gen as u64 & 0xffff) << 40) | ((mount as u64) << 32) | handle as u64
+}
+
+fn slot(fd: i32) -> Option<&'static AtomicU64> {
+    FDS.get(usize::try_from(fd).ok()?)
+}
+
+/// A carried descriptor: its mount and handle.
+#[derive(Debug, Clone, Copy)]
+pub struct Ours {
+    pub mount: usize,
+    pub handle: u32,
+}
+
+fn decode(e: u64) -> Option<Ours> {
+    let gen = FORK_GEN.load(Ordering::Relaxed) as u64 & 0xffff;
+    (e & OURS != 0 && (e >> 40) & 0xffff == gen)
+        .then_some(Ours { mount: ((e >> 32) & 0xff) as usize, handle: e as u32 })
+}
+
+/// Forget what the table says of `fd`, which is being closed or replaced: its handle
+/// (if this generation registered it) is released in the daemon.
+pub fn forget(fd: i32) {
+    let Some(s) = slot(fd) else { return };
+    let e = s.swap(UNKNOWN, Ordering::AcqRel);
+    if let Some(o) = decode(e) {
+        let _ = request(o, Op::Release, 0, 0, 0, |_| 0, |_, _, _| ());
+    }
+}
+
+/// close(2) of `fd`: forget it, and if it was carried, the daemon reports a write lost
+/// after it returned and releases the handle: Some(errno) then (0: nothing lost).
+pub fn close(fd: i32) -> Option<i32> {
+    let s = slot(fd)?;
+    let o = decode(s.swap(UNKNOWN, Ordering::AcqRel))?;
+    match request(o, Op::Close, 0, 0, 0, |_| 0, |_, _, _| ()) {
+        Err(Fail::Errno(e)) => Some(e),
+        _ => Some(0),
+    }
+}
+
+/// Forget every descriptor from `first` to `last` (close_range, closefrom).
+pub fn forget_range(first: u32, last: u32) {
+    let last = (last as usize).min(MAX_FDS - 1);
+    for (fd, e) in FDS.iter().enumerate().take(last + 1).skip(first as usize) {
+        if e.load(Ordering::Relaxed) != UNKNOWN {
+            forget(fd as i32);
+        }
+    }
+}
+
+pub fn fstat_raw(fd: i32) -> Option<libc::stat64> {
+    // SAFETY: fstat into a zeroed buffer, through the real function.
+    unsafe {
+        let mut st: libc::stat64 = std::mem::zeroed();
+        (real::fstat64(fd, &mut st) == 0).then_some(st)
+    }
+}
+
+/// Whether `fd` is carried, registering it with its mount's daemon on first sight.
+pub fn classify(fd: i32) -> Option<Ours> {
+    let s = slot(fd)?;
+    let e = s.load(Ordering::Acquire);
+    if e == NOT_OURS {
+        return None;
+    }
+    if let Some(o) = decode(e) {
+        return (!GONE[o.mount].load(Ordering::Relaxed)).then_some(o);
+    }
+    let st = fstat_raw(fd)?;
+    let found = if st.st_mode & libc::S_IFMT == libc::S_IFREG { mount_of(st.st_dev) } else { None };
+    let Some(mount) = found else {
+        let _ = s.compare_exchange(e, NOT_OURS, Ordering::AcqRel, Ordering::Relaxed);
+        return None;
+    };
+    let handle = match LOCK.with(|st| register(st, mount, fd)) {
+        Ok(h) => h,
+        Err(_) => {
+            let _ = s.compare_exchange(e, NOT_OURS, Ordering::AcqRel, Ordering::Relaxed);
+            return None;
+        }
+    };
+    let o = Ours { mount, handle };
+    let new = entry(FORK_GEN.load(Ordering::Relaxed), mount, handle);
+    if s.compare_exchange(e, new, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        // Another thread got there first (or the descriptor was closed meanwhile).
+        let _ = request(o, Op::Release, 0, 0, 0, |_| 0, |_, _, _| ());
+        return decode(s.load(Ordering::Acquire));
+    }
+    Some(o)
+}
+
+/// The mount a descriptor of device `dev` is on, if it is a Patchwork mount with a
+/// shim socket. Used for syncfs(2) of any descriptor, too.
+pub fn mount_of(dev: u64) -> Option<usize> {
+    if let Some(i) = DEVS.iter().position(|d| d.load(Ordering::Relaxed) == dev && dev != 0) {
+        return (!GONE[i].load(Ordering::Relaxed)).then_some(i);
+    }
+    LOCK.with(|st| {
+        if let Some(i) = st.mounts.iter().position(|m| m.0 == dev) {
+            return (!GONE[i].load(Ordering::Relaxed)).then_some(i);
+        }
+        if st.others.contains(&dev) {
+            return None;
+        }
+        scan_mounts(st);
+        match st.mounts.iter().position(|m| m.0 == dev) {
+            Some(i) => Some(i),
+            None => {
+                if st.others.len() >= 64 {
+                    st.others.clear();
+                }
+                st.others.push(dev);
+                None
+            }
+        }
+    })
+}
+
+/// Every Patchwork mount known (after looking at mountinfo again).
+pub fn all_mounts() -> Vec<usize> {
+    LOCK.with(|st| {
+        scan_mounts(st);
+        (0..st.mounts.len()).filter(|i| !GONE[*i].load(Ordering::Relaxed)).collect()
+    })
+}
+
+/// mountinfo escapes space, tab, newline and backslash as \ooo.
+pub fn unescape(s: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        if s[i] == b'\\' && s.len() - i > 3 {
+            let o = &s[i + 1..i + 4];
+            if o.iter().all(|c| (b'0'..=b'7').contains(c)) {
+                out.push((o[0] - b'0') * 64 + (o[1] - b'0') * 8 + (o[2] - b'0'));
+                i += 4;
+                continue;
+            }
+        }
+        out.push(s[i]);
+        i += 1;
+    }
+    out
+}
+
+/// Add the `fuse.pwfs` mounts of /proc/self/mountinfo not known yet.
+fn scan_mounts(st: &mut State) {
+    let Ok(info) = std::fs::read("/proc/self/mountinfo") else { return };
+    for line in info.split(|c| *c == b'\n') {
+        let fields: Vec<&[u8]> = line.split(|c| *c == b' ').collect();
+        let Some(dash) = fields.iter().position(|f| *f == b"-") else { continue };
+        if fields.get(dash + 1) != Some(&&b"fuse.pwfs"[..]) || fields.len() < 5 {
+            continue;
+        }
+        let Some((maj, min)) = std::str::from_utf8(fields[2]).ok().and_then(|d| d.split_once(':')) else { continue };
+        let (Ok(maj), Ok(min)) = (maj.parse::<u32>(), min.parse::<u32>()) else { continue };
+        let dev = libc::makedev(maj, min);
+        if st.mounts.iter().any(|m| m.0 == dev) || st.mounts.len() >= MAX_MOUNTS {
+            continue;
+        }
+        let path = proto::socket_path(&unescape(fields[4]));
+        DEVS[st.mounts.len()].store(dev, Ordering::Relaxed);
+        st.mounts.push((dev, path));
+    }
+}
+
+// ---- sessions --------------------------------------------------------------
+
+/// The session socket of mount `m` in this generation, connecting (and saying hello)
+/// if there is none. Called with the lock held.
+fn session(st: &State, m: usize) -> R<i32> {
+    let gen = FORK_GEN.load(Ordering::Relaxed);
+    let sock = SOCKS[m].load(Ordering::Relaxed);
+    if sock >= 0 && SOCK_GEN[m].load(Ordering::Relaxed) == gen {
+        return Ok(sock);
+    }
+    if sock >= 0 {
+        // The parent's, inherited over a fork: ours to close, not to use.
+        // SAFETY: closing a descriptor this process holds.
+        unsafe { real::close(sock) };
+        SOCKS[m].store(-1, Ordering::Relaxed);
+    }
+    if GONE[m].load(Ordering::Relaxed) {
+        return Err(Fail::Kernel);
+    }
+    let path = &st.mounts.get(m).ok_or(Fail::Kernel)?.1;
+    let sock = connect(path).ok_or_else(|| {
+        // No socket: the daemon serves no shim (or is gone). Not again.
+        GONE[m].store(true, Ordering::Relaxed);
+        Fail::Kernel
+    })?;
+    let hello = proto::send(sock, &Msg::new(Kind::Hello, proto::VERSION), -1) == 0
+        && matches!(proto::recv(sock), Ok((r, -1)) if r.status == 0);
+    if !hello {
+        // SAFETY: our own socket.
+        unsafe { real::close(sock) };
+        GONE[m].store(true, Ordering::Relaxed);
+        return Err(Fail::Kernel);
+    }
+    SOCKS[m].store(sock, Ordering::Relaxed);
+    SOCK_GEN[m].store(gen, Ordering::Relaxed);
+    Ok(sock)
+}
+
+fn connect(path: &[u8]) -> Option<i32> {
+    // SAFETY: sockaddr_un is plain data.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    if path.len() >= addr.sun_path.len() {
+        return None;
+    }
+    for (d, s) in addr.sun_path.iter_mut().zip(path) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: socket/connect with a valid address; the descriptor is closed on failure.
+    unsafe {
+        let sock = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0);
+        if sock < 0 {
+            return None;
+        }
+        let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+        if libc::connect(sock, &addr as *const _ as *const libc::sockaddr, len) != 0 {
+            real::close(sock);
+            return None;
+        }
+        Some(sock)
+    }
+}
+
+/// One exchange on mount `m`'s session socket. Called with the lock held. A broken
+/// socket means the daemon is gone.
+fn ask(st: &State, m: usize, msg: Msg, fd: i32) -> R<(Msg, i32)> {
+    let sock = session(st, m)?;
+    let r = if proto::send(sock, &msg, fd) == 0 { proto::recv(sock).ok() } else { None };
+    match r {
+        Some(r) => Ok(r),
+        None => {
+            GONE[m].store(true, Ordering::Relaxed);
+            Err(Fail::Kernel)
+        }
+    }
+}
+
+/// Register `fd` with mount `m`'s daemon: its handle.
+fn register(st: &State, m: usize, fd: i32) -> R<u32> {
+    let (r, extra) = ask(st, m, Msg::new(Kind::Register, 0), fd)?;
+    if extra >= 0 {
+        // SAFETY: an unexpected descriptor received just now.
+        unsafe { real::close(extra) };
+    }
+    if r.status != 0 {
+        return Err(Fail::Errno(r.status as i32));
+    }
+    u32::try_from(r.a).map_err(|_| Fail::Kernel)
+}
+
+// ---- channels --------------------------------------------------------------
+
+/// A thread's channel to one mount's daemon.
+struct Chan {
+    map: *mut u8,
+    gen: u32,
+}
+
+impl Chan {
+    fn open(m: usize) -> R<Chan> {
+        let (r, memfd) = LOCK.with(|st| ask(st, m, Msg::new(Kind::Channel, 0), -1))?;
+        if r.status != 0 || memfd < 0 {
+            if memfd >= 0 {
+                // SAFETY: a descriptor received just now.
+                unsafe { real::close(memfd) };
+            }
+            return Err(Fail::Kernel);
+        }
+        // SAFETY: mapping the memfd the daemon sized to MAP_LEN; closed right after
+        // (the mapping stays).
+        let map = unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                MAP_LEN,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                memfd,
+                0,
+            );
+            real::close(memfd);
+            p
+        };
+        if map == libc::MAP_FAILED {
+            return Err(Fail::Kernel);
+        }
+        Ok(Chan { map: map as *mut u8, gen: FORK_GEN.load(Ordering::Relaxed) })
+    }
+
+    fn header(&self) -> &Header {
+        // SAFETY: the mapping starts with the channel's Header and lives as long as self.
+        unsafe { &*(self.map as *const Header) }
+    }
+
+    #[allow(clippy::mut_from_ref)]
+    fn data(&self) -> &mut [u8] {
+        // SAFETY: the data area follows the header inside the mapping; only this thread
+        // touches it while it owns the slot.
+        unsafe { std::slice::from_raw_parts_mut(self.map.add(HEADER), DATA) }
+    }
+}
+
+impl Drop for Chan {
+    fn drop(&mut self) {
+        // A channel of an older generation is the parent's: leave it open for it.
+        if self.gen == FORK_GEN.load(Ordering::Relaxed) {
+            let h = self.header();
+            h.state.store(CLOSED, Ordering::SeqCst);
+            proto::futex_wake(&h.state);
+        }
+        // SAFETY: the mapping was made by Chan::open with MAP_LEN bytes.
+        unsafe { libc::munmap(self.map as *mut libc::c_void, MAP_LEN) };
+    }
+}
+
+thread_local! {
+    static CHANS: RefCell<[Option<Chan>; MAX_MOUNTS]> = const { RefCell::new([const { None }; MAX_MOUNTS]) };
+    /// The thread is inside the shim: a call from a signal handler goes to the kernel.
+    static BUSY: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Run `f` as the shim, unless the thread already is (then None: the kernel does it).
+/// A panic inside also ends in None.
+pub fn shim<T>(f: impl FnOnce() -> Option<T>) -> Option<T> {
+    let entered = BUSY.try_with(|b| !b.replace(true)).unwrap_or(false);
+    if !entered {
+        return None;
+    }
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok().flatten();
+    let _ = BUSY.try_with(|b| b.set(false));
+    r
+}
+
+/// Whether the daemon of mount `m` hung up.
+fn hung_up(m: usize) -> bool {
+    let sock = SOCKS[m].load(Ordering::Relaxed);
+    if sock < 0 {
+        return true;
+    }
+    let mut p = libc::pollfd { fd: sock, events: libc::POLLIN | libc::POLLRDHUP, revents: 0 };
+    // SAFETY: poll of one descriptor, no wait.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR | libc::POLLIN) != 0
+}
+
+/// Counters of this process's requests (for tests: whether calls were carried).
+pub static REQUESTS: AtomicUsize = AtomicUsize::new(0);
+
+/// One request on the calling thread's channel to `o.mount`: `fill` writes the
+/// request's data into the data area and returns its length; `take` gets the data
+/// area and the answer. Ok((result, r1)); Err(Kernel) if it never reached the daemon.
+pub fn request(
+    o: Ours,
+    op: Op,
+    a: u64,
+    b: u64,
+    c: u64,
+    fill: impl FnOnce(&mut [u8]) -> usize,
+    take: impl FnOnce(&Header, &[u8], usize),
+) -> R<(i64, u64)> {
+    CHANS
+        .try_with(|chans| {
+            let mut chans = chans.try_borrow_mut().map_err(|_| Fail::Kernel)?;
+            let gen = FORK_GEN.load(Ordering::Relaxed);
+            let slot = chans.get_mut(o.mount).ok_or(Fail::Kernel)?;
+            if slot.as_ref().is_some_and(|c| c.gen != gen || c.header().state.load(Ordering::Relaxed) == CLOSED) {
+                *slot = None;
+            }
+            if slot.is_none() {
+                *slot = Some(Chan::open(o.mount)?);
+            }
+            let ch = slot.as_ref().expect("just opened");
+            let r = exchange(ch, o, op, (a, b, c), fill, take);
+            if r == Err(Fail::Errno(libc::EIO)) && ch.header().state.load(Ordering::Relaxed) == CLOSED {
+                *slot = None;
+            }
+            r
+        })
+        .unwrap_or(Err(Fail::Kernel))
+}
+
+fn exchange(
+    ch: &Chan,
+    o: Ours,
+    op: Op,
+    (a, b, c): (u64, u64, u64),
+    fill: impl FnOnce(&mut [u8]) -> usize,
+    take: impl FnOnce(&Header, &[u8], usize),
+) -> R<(i64, u64)> {
+    let h = ch.header();
+    let len = fill(ch.data());
+    h.op.store(op as u32, Ordering::Relaxed);
+    h.handle.store(o.handle as u64, Ordering::Relaxed);
+    h.a.store(a, Ordering::Relaxed);
+    h.b.store(if len > 0 { len as u64 } else { b }, Ordering::Relaxed);
+    h.c.store(c, Ordering::Relaxed);
+    if h.state.compare_exchange(DONE, REQUEST, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+        // Closed by the daemon (it is going): nothing was asked.
+        return Err(Fail::Kernel);
+    }
+    REQUESTS.fetch_add(1, Ordering::Relaxed);
+    if h.server_waits.load(Ordering::SeqCst) != 0 {
+        proto::futex_wake(&h.state);
+    }
+    let start = proto::now_ns();
+    loop {
+        match h.state.load(Ordering::Acquire) {
+            DONE => break,
+            CLOSED => return Err(Fail::Errno(libc::EIO)),
+            _ => {}
+        }
+        if proto::now_ns() - start < CLIENT_SPIN_NS {
+            std::hint::spin_loop();
+            continue;
+        }
+        h.client_waits.store(1, Ordering::SeqCst);
+        if h.state.load(Ordering::SeqCst) == REQUEST {
+            proto::futex_wait(&h.state, REQUEST, LIVENESS_MS);
+        }
+        h.client_waits.store(0, Ordering::SeqCst);
+        if h.state.load(Ordering::SeqCst) == REQUEST && hung_up(o.mount) {
+            // The daemon is gone with the request: whether it happened is unknown.
+            GONE[o.mount].store(true, Ordering::Relaxed);
+            return Err(Fail::Errno(libc::EIO));
+        }
+    }
+    let result = h.result.load(Ordering::Relaxed);
+    let r1 = h.r1.load(Ordering::Relaxed);
+    if result < 0 {
+        return Err(Fail::Errno(i32::try_from(-result).unwrap_or(libc::EIO)));
+    }
+    take(h, ch.data(), usize::try_from(result).unwrap_or(0).min(DATA));
+    Ok((result, r1))
+}
+
+/// The attributes of a carried descriptor.
+pub fn stat(o: Ours) -> R<Stat> {
+    let mut st = Stat::default();
+    request(o, Op::Stat, 0, 0, 0, |_| 0, |h, _, _| st = h.stat())?;
+    Ok(st)
+}
+
+/// st_dev of mount `m`'s files.
+pub fn dev_of(m: usize) -> u64 {
+    DEVS[m].load(Ordering::Relaxed)
+}
+
+/// A request on mount `m` with no handle (syncfs).
+pub fn mount_request(m: usize, op: Op) -> R<()> {
+    request(Ours { mount: m, handle: u32::MAX }, op, 0, 0, 0, |_| 0, |_, _, _| ()).map(|_| ())
+}
+
+/// After a fork, in the child: a new generation; the lock may have been held by a
+/// thread that does not exist here.
+pub fn after_fork_in_child() {
+    FORK_GEN.fetch_add(1, Ordering::SeqCst);
+    // SAFETY: the child has one thread; whoever held the lock is not in it.
+    unsafe { LOCK.raw_unlock() };
+}

@@ -1,0 +1,104 @@
+//! The functions the shim stands in front of: the next definition after ours
+//! (`dlsym(RTLD_NEXT)`, normally libc's), looked up once.
+
+use libc::{c_char, c_int, c_long, c_uint, c_void, iovec, mode_t, off_t, size_t, ssize_t, FILE};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The address of the next definition of `name` (0 if there is none).
+pub fn lookup(name: &std::ffi::CStr, cache: &AtomicUsize) -> usize {
+    let p = cache.load(Ordering::Relaxed);
+    if p != 0 {
+        return p;
+    }
+    // SAFETY: dlsym with a NUL-terminated name.
+    let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
+    cache.store(p, Ordering::Relaxed);
+    p
+}
+
+macro_rules! real {
+    ($($name:ident ( $($arg:ident : $ty:ty),* ) -> $ret:ty;)*) => {$(
+        /// The next definition of the function of this name.
+        ///
+        /// # Safety
+        /// The C function's own contract.
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe fn $name($($arg: $ty),*) -> $ret {
+            static P: AtomicUsize = AtomicUsize::new(0);
+            let p = lookup(
+                // SAFETY: the literal ends with its NUL.
+                std::ffi::CStr::from_bytes_with_nul_unchecked(concat!(stringify!($name), "\0").as_bytes()),
+                &P,
+            );
+            if p == 0 {
+                *libc::__errno_location() = libc::ENOSYS;
+                return (-1i32) as $ret;
+            }
+            let f: unsafe extern "C" fn($($ty),*) -> $ret = std::mem::transmute(p);
+            f($($arg),*)
+        }
+    )*};
+}
+
+real! {
+    read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t;
+    write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t;
+    pread64(fd: c_int, buf: *mut c_void, n: size_t, off: off_t) -> ssize_t;
+    pwrite64(fd: c_int, buf: *const c_void, n: size_t, off: off_t) -> ssize_t;
+    readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
+    writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t;
+    preadv64(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t) -> ssize_t;
+    pwritev64(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t) -> ssize_t;
+    preadv64v2(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t;
+    pwritev64v2(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t;
+    lseek64(fd: c_int, off: off_t, whence: c_int) -> off_t;
+    fsync(fd: c_int) -> c_int;
+    fdatasync(fd: c_int) -> c_int;
+    ftruncate64(fd: c_int, len: off_t) -> c_int;
+    fallocate64(fd: c_int, mode: c_int, off: off_t, len: off_t) -> c_int;
+    posix_fallocate64(fd: c_int, off: off_t, len: off_t) -> c_int;
+    fstat64(fd: c_int, st: *mut libc::stat64) -> c_int;
+    fstatat64(dirfd: c_int, path: *const c_char, st: *mut libc::stat64, flags: c_int) -> c_int;
+    statx(dirfd: c_int, path: *const c_char, flags: c_int, mask: c_uint, st: *mut libc::statx) -> c_int;
+    syncfs(fd: c_int) -> c_int;
+    close(fd: c_int) -> c_int;
+    close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int;
+    closefrom(low: c_int) -> c_int;
+    fclose(f: *mut FILE) -> c_int;
+    dup2(old: c_int, new: c_int) -> c_int;
+    dup3(old: c_int, new: c_int, flags: c_int) -> c_int;
+    fcntl64(fd: c_int, cmd: c_int, arg: c_long) -> c_int;
+    open64(path: *const c_char, flags: c_int, mode: mode_t) -> c_int;
+    openat64(dirfd: c_int, path: *const c_char, flags: c_int, mode: mode_t) -> c_int;
+    __open64_2(path: *const c_char, flags: c_int) -> c_int;
+    __openat64_2(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int;
+    creat64(path: *const c_char, mode: mode_t) -> c_int;
+}
+
+macro_rules! real_ptr {
+    ($($name:ident ( $($arg:ident : $ty:ty),* ) -> $ret:ty;)*) => {$(
+        /// The next definition of the function of this name (null if there is none).
+        ///
+        /// # Safety
+        /// The C function's own contract.
+        pub unsafe fn $name($($arg: $ty),*) -> $ret {
+            static P: AtomicUsize = AtomicUsize::new(0);
+            let p = lookup(
+                // SAFETY: the literal ends with its NUL.
+                std::ffi::CStr::from_bytes_with_nul_unchecked(concat!(stringify!($name), "\0").as_bytes()),
+                &P,
+            );
+            if p == 0 {
+                *libc::__errno_location() = libc::ENOSYS;
+                return std::ptr::null_mut();
+            }
+            let f: unsafe extern "C" fn($($ty),*) -> $ret = std::mem::transmute(p);
+            f($($arg),*)
+        }
+    )*};
+}
+
+real_ptr! {
+    fopen64(path: *const c_char, mode: *const c_char) -> *mut FILE;
+    freopen64(path: *const c_char, mode: *const c_char, f: *mut FILE) -> *mut FILE;
+}

@@ -1,0 +1,614 @@
+//! The daemon side of the shim: a socket per mount, a thread per client process (its
+//! session) and a thread per client thread (its channel), serving the engine directly.
+//!
+//! A client proves its right to a file by passing its open descriptor; the daemon
+//! reads the access mode from it, opens the inode in the engine (so its number is not
+//! reused while the handle lives) and drops the descriptor. What a client changes the
+//! kernel did not see: [`Server::start`]'s `changed` is told the inode after every
+//! change, so that the FUSE front end drops what the kernel caches of it.
+
+use crate::proto::{self, Header, Kind, Msg, Op, Stat, CLOSED, DATA, DONE, HEADER, MAP_LEN, REQUEST};
+use parking_lot::{Mutex, RwLock};
+use pwfs::{Fs, Metadata};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+
+/// How long a channel's thread spins for the next request after answering one, before
+/// it sleeps: long enough to cover a program's own work between two calls.
+const SPIN_NS: u64 = 50_000;
+/// How often a sleeping channel thread looks whether its session is over.
+const IDLE_CHECK_MS: u64 = 500;
+
+/// Tells the front end that an inode changed behind the kernel's back.
+pub type Changed = Box<dyn Fn(u64) + Send + Sync>;
+
+/// Counters of a server (`pwfs stat`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Client processes connected now, and ever.
+    pub sessions: u64,
+    pub sessions_total: u64,
+    /// Channels (client threads) open now.
+    pub channels: u64,
+    /// Descriptors registered, ever.
+    pub registered: u64,
+    /// Requests answered.
+    pub requests: u64,
+}
+
+struct Shared {
+    fs: Fs,
+    /// st_dev of the mount's files.
+    dev: u64,
+    changed: Changed,
+    closing: AtomicBool,
+    sessions: Mutex<Vec<Weak<Session>>>,
+    /// Channel threads spinning now, and how many may.
+    spinners: AtomicUsize,
+    max_spinners: usize,
+    sessions_total: AtomicU64,
+    channels: AtomicU64,
+    registered: AtomicU64,
+    requests: AtomicU64,
+}
+
+/// A client process.
+struct Session {
+    sock: OwnedFd,
+    /// The client may keep set-ID bits when it writes (CAP_FSETID).
+    fsetid: bool,
+    handles: RwLock<Slab>,
+    channels: Mutex<Vec<Arc<Channel>>>,
+    dead: AtomicBool,
+}
+
+#[derive(Default)]
+struct Slab {
+    slots: Vec<Option<Arc<Handle>>>,
+    free: Vec<usize>,
+}
+
+impl Slab {
+    fn insert(&mut self, h: Handle) -> usize {
+        let h = Some(Arc::new(h));
+        match self.free.pop() {
+            Some(i) => {
+                self.slots[i] = h;
+                i
+            }
+            None => {
+                self.slots.push(h);
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    fn get(&self, i: u64) -> Option<Arc<Handle>> {
+        self.slots.get(usize::try_from(i).ok()?)?.clone()
+    }
+
+    fn remove(&mut self, i: u64) -> Option<Arc<Handle>> {
+        let i = usize::try_from(i).ok()?;
+        let h = self.slots.get_mut(i)?.take()?;
+        self.free.push(i);
+        Some(h)
+    }
+}
+
+/// A registered descriptor.
+struct Handle {
+    file: pwfs::File,
+    /// `WRITE_SYNC` / `WRITE_DATASYNC` from its O_SYNC / O_DSYNC.
+    sync: u64,
+}
+
+/// A channel's shared mapping.
+struct Channel {
+    map: *mut u8,
+}
+
+// SAFETY: the mapping is shared memory used only through atomics (the header) and by
+// the one thread serving the channel (the data area).
+unsafe impl Send for Channel {}
+// SAFETY: as above.
+unsafe impl Sync for Channel {}
+
+impl Channel {
+    fn new() -> std::io::Result<(Channel, OwnedFd)> {
+        // SAFETY: memfd_create with a static name; the result is checked.
+        let fd = unsafe { libc::memfd_create(c"pwfs-shim".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: fd is a fresh descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: ftruncate and mmap of our memfd; results checked.
+        let map = unsafe {
+            if libc::ftruncate(fd.as_raw_fd(), MAP_LEN as libc::off_t) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::mmap(
+                std::ptr::null_mut(),
+                MAP_LEN,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if map == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok((Channel { map: map as *mut u8 }, fd))
+    }
+
+    fn header(&self) -> &Header {
+        // SAFETY: the mapping starts with a zeroed (= DONE, no request) Header, lives as
+        // long as self, and is only accessed through its atomics.
+        unsafe { &*(self.map as *const Header) }
+    }
+
+    /// The data area, `len` (≤ DATA) bytes. The client does not touch it while the
+    /// channel holds a request (a client that does only garbles its own data).
+    #[allow(clippy::mut_from_ref)]
+    fn data(&self, len: usize) -> &mut [u8] {
+        // SAFETY: HEADER + len ≤ MAP_LEN, inside the mapping; only this channel's
+        // thread uses the data area while the request is in progress.
+        unsafe { std::slice::from_raw_parts_mut(self.map.add(HEADER), len.min(DATA)) }
+    }
+
+    fn close(&self) {
+        let h = self.header();
+        h.state.store(CLOSED, Ordering::SeqCst);
+        proto::futex_wake(&h.state);
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        // SAFETY: the mapping was made by Channel::new with MAP_LEN bytes.
+        unsafe { libc::munmap(self.map as *mut libc::c_void, MAP_LEN) };
+    }
+}
+
+/// A shim socket being served. Dropping it removes the socket, ends every session
+/// (the clients' channels close: they fall back to the kernel) and waits for nothing.
+pub struct Server {
+    shared: Arc<Shared>,
+    path: PathBuf,
+    id: (u64, u64),
+    listener: Arc<OwnedFd>,
+}
+
+impl Server {
+    /// Serve `fs`, whose mount's files have st_dev `dev`, at `path` (mode 0666: any
+    /// user may connect; only a descriptor the kernel let it open gets it a handle).
+    pub fn start(path: PathBuf, fs: Fs, dev: u64, changed: Changed) -> std::io::Result<Server> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        // SAFETY: socket(2); the result is checked.
+        let sock = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+        if sock < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor we own.
+        let sock = unsafe { OwnedFd::from_raw_fd(sock) };
+        let (addr, len) = sockaddr(&path)?;
+        // SAFETY: bind/listen/chmod on our socket with a valid address.
+        unsafe {
+            if libc::bind(sock.as_raw_fd(), &addr as *const _ as *const libc::sockaddr, len) != 0
+                || libc::listen(sock.as_raw_fd(), 128) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o666))?;
+        let m = std::fs::symlink_metadata(&path)?;
+        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+        let shared = Arc::new(Shared {
+            fs,
+            dev,
+            changed,
+            closing: AtomicBool::new(false),
+            sessions: Mutex::new(Vec::new()),
+            spinners: AtomicUsize::new(0),
+            // Leave a CPU to the clients.
+            max_spinners: (cpus / 2).max(1),
+            sessions_total: AtomicU64::new(0),
+            channels: AtomicU64::new(0),
+            registered: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+        });
+        let listener = Arc::new(sock);
+        let (s2, l2) = (shared.clone(), listener.clone());
+        std::thread::Builder::new().name("pwfs-shim".into()).spawn(move || accept_loop(&s2, &l2))?;
+        Ok(Server { shared, path, id: (m.dev(), m.ino()), listener })
+    }
+
+    pub fn counters(&self) -> Counters {
+        let s = &self.shared;
+        let live = s.sessions.lock().iter().filter(|w| w.strong_count() > 0).count();
+        Counters {
+            sessions: live as u64,
+            sessions_total: s.sessions_total.load(Ordering::Relaxed),
+            channels: s.channels.load(Ordering::Relaxed),
+            registered: s.registered.load(Ordering::Relaxed),
+            requests: s.requests.load(Ordering::Relaxed),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.shared.closing.store(true, Ordering::SeqCst);
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.id) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+        // SAFETY: shutdown of our listening socket wakes the accepting thread.
+        unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
+        for s in self.shared.sessions.lock().drain(..).filter_map(|w| w.upgrade()) {
+            // Wakes the session's thread, which closes its channels.
+            // SAFETY: shutdown of a socket the session owns.
+            unsafe { libc::shutdown(s.sock.as_raw_fd(), libc::SHUT_RDWR) };
+        }
+    }
+}
+
+fn sockaddr(path: &Path) -> std::io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    // SAFETY: sockaddr_un is plain data.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() >= addr.sun_path.len() {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "socket path too long"));
+    }
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    Ok((addr, std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t))
+}
+
+fn accept_loop(shared: &Arc<Shared>, listener: &OwnedFd) {
+    loop {
+        // SAFETY: accept4 on our listening socket; the result is checked.
+        let fd = unsafe {
+            libc::accept4(listener.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC)
+        };
+        if shared.closing.load(Ordering::SeqCst) {
+            if fd >= 0 {
+                // SAFETY: a descriptor accept just gave us.
+                unsafe { libc::close(fd) };
+            }
+            return;
+        }
+        if fd < 0 {
+            // Out of descriptors or the like: let it pass.
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            continue;
+        }
+        // SAFETY: a fresh descriptor we own.
+        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+        let shared = shared.clone();
+        let _ = std::thread::Builder::new().name("pwfs-shim-session".into()).spawn(move || session(shared, sock));
+    }
+}
+
+/// capability(7) number of CAP_FSETID.
+const CAP_FSETID: u32 = 4;
+
+/// Whether process `pid` has CAP_FSETID in its effective set.
+fn has_fsetid(pid: i32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return false };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << CAP_FSETID) != 0)
+}
+
+fn peer_pid(sock: &OwnedFd) -> Option<i32> {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt into a ucred of the right size.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut _ as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    (r == 0).then_some(cred.pid)
+}
+
+fn session(shared: Arc<Shared>, sock: OwnedFd) {
+    let fsetid = peer_pid(&sock).is_some_and(has_fsetid);
+    let s = Arc::new(Session {
+        sock,
+        fsetid,
+        handles: RwLock::new(Slab::default()),
+        channels: Mutex::new(Vec::new()),
+        dead: AtomicBool::new(false),
+    });
+    {
+        let mut all = shared.sessions.lock();
+        all.retain(|w| w.strong_count() > 0);
+        all.push(Arc::downgrade(&s));
+    }
+    shared.sessions_total.fetch_add(1, Ordering::Relaxed);
+    let fd = s.sock.as_raw_fd();
+    let mut hello = false;
+    while !shared.closing.load(Ordering::SeqCst) {
+        let Ok((m, passed)) = proto::recv(fd) else { break };
+        // SAFETY: a descriptor received just now, ours to close.
+        let passed = (passed >= 0).then(|| unsafe { OwnedFd::from_raw_fd(passed) });
+        let reply = match (m.kind, hello) {
+            (k, false) if k == Kind::Hello as u32 => {
+                hello = m.a == proto::VERSION;
+                Msg { status: if hello { 0 } else { libc::EPROTO as u32 }, ..m }
+            }
+            (_, false) => Msg { status: libc::EPROTO as u32, ..m },
+            (k, true) if k == Kind::Register as u32 => match passed.as_ref().map(|p| register(&shared, &s, p)) {
+                Some(Ok((h, ino))) => Msg { status: 0, a: h, b: ino, ..m },
+                Some(Err(e)) => Msg { status: e as u32, ..m },
+                None => Msg { status: libc::EBADF as u32, ..m },
+            },
+            (k, true) if k == Kind::Channel as u32 => match Channel::new() {
+                Ok((ch, memfd)) => {
+                    let ch = Arc::new(ch);
+                    s.channels.lock().push(ch.clone());
+                    let (sh, ss) = (shared.clone(), s.clone());
+                    match std::thread::Builder::new().name("pwfs-shim-chan".into()).spawn(move || serve(&sh, &ss, ch)) {
+                        Ok(_) => {
+                            if proto::send(fd, &Msg { status: 0, ..m }, memfd.as_raw_fd()) != 0 {
+                                break;
+                            }
+                            continue;
+                        }
+                        Err(e) => Msg { status: e.raw_os_error().unwrap_or(libc::EAGAIN) as u32, ..m },
+                    }
+                }
+                Err(e) => Msg { status: e.raw_os_error().unwrap_or(libc::ENOMEM) as u32, ..m },
+            },
+            _ => Msg { status: libc::EINVAL as u32, ..m },
+        };
+        if proto::send(fd, &reply, -1) != 0 {
+            break;
+        }
+    }
+    // The process is gone (or the server is closing): close its channels, release its
+    // handles. A channel's thread answering a request finishes it first.
+    s.dead.store(true, Ordering::SeqCst);
+    for ch in s.channels.lock().drain(..) {
+        ch.close();
+    }
+    let handles = std::mem::take(&mut *s.handles.write());
+    drop(handles);
+}
+
+/// Check the descriptor a client passed and open its inode: (handle, inode number).
+fn register(shared: &Shared, s: &Session, fd: &OwnedFd) -> Result<(u64, u64), i32> {
+    // SAFETY: fstat/fcntl of a descriptor we hold, into a zeroed stat buffer.
+    let (st, flags) = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::fstat(fd.as_raw_fd(), &mut st) != 0 {
+            return Err(libc::EBADF);
+        }
+        (st, libc::fcntl(fd.as_raw_fd(), libc::F_GETFL))
+    };
+    if st.st_dev != shared.dev || st.st_mode & libc::S_IFMT != libc::S_IFREG || flags < 0 {
+        return Err(libc::EXDEV);
+    }
+    // An O_PATH descriptor reads and writes nothing.
+    if flags & libc::O_PATH != 0 {
+        return Err(libc::EBADF);
+    }
+    let acc = flags & libc::O_ACCMODE;
+    let (read, write) = (acc == libc::O_RDONLY || acc == libc::O_RDWR, acc == libc::O_WRONLY || acc == libc::O_RDWR);
+    let append = flags & libc::O_APPEND != 0;
+    let file = shared.fs.open_ino_file(st.st_ino, read, write, append && write).map_err(|e| e.errno())?;
+    // O_SYNC includes the O_DSYNC bit.
+    let sync = match (flags & libc::O_SYNC == libc::O_SYNC, flags & libc::O_DSYNC != 0) {
+        (true, _) => proto::WRITE_SYNC,
+        (false, true) => proto::WRITE_SYNC | proto::WRITE_DATASYNC,
+        _ => 0,
+    };
+    let h = s.handles.write().insert(Handle { file, sync });
+    shared.registered.fetch_add(1, Ordering::Relaxed);
+    Ok((h as u64, st.st_ino))
+}
+
+/// Wait for a request on `ch`: false when the channel or its session is over.
+fn wait_request(shared: &Shared, s: &Session, h: &Header) -> bool {
+    let start = proto::now_ns();
+    let mut spinning = false;
+    let ok = loop {
+        match h.state.load(Ordering::Acquire) {
+            REQUEST => break true,
+            CLOSED => break false,
+            _ => {}
+        }
+        if s.dead.load(Ordering::Relaxed) || shared.closing.load(Ordering::Relaxed) {
+            break false;
+        }
+        if !spinning && proto::now_ns() - start < SPIN_NS {
+            spinning = shared
+                .spinners
+                .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| (n < shared.max_spinners).then_some(n + 1))
+                .is_ok();
+        }
+        if spinning && proto::now_ns() - start < SPIN_NS {
+            std::hint::spin_loop();
+            continue;
+        }
+        if spinning {
+            shared.spinners.fetch_sub(1, Ordering::AcqRel);
+            spinning = false;
+        }
+        h.server_waits.store(1, Ordering::SeqCst);
+        if h.state.load(Ordering::SeqCst) == DONE {
+            proto::futex_wait(&h.state, DONE, IDLE_CHECK_MS);
+        }
+        h.server_waits.store(0, Ordering::SeqCst);
+    };
+    if spinning {
+        shared.spinners.fetch_sub(1, Ordering::AcqRel);
+    }
+    ok
+}
+
+fn serve(shared: &Shared, s: &Session, ch: Arc<Channel>) {
+    shared.channels.fetch_add(1, Ordering::Relaxed);
+    let h = ch.header();
+    while wait_request(shared, s, h) {
+        let (result, r1) = match answer(shared, s, &ch) {
+            Ok(v) => v,
+            Err(e) => (-(e as i64), 0),
+        };
+        h.result.store(result, Ordering::Relaxed);
+        h.r1.store(r1, Ordering::Relaxed);
+        shared.requests.fetch_add(1, Ordering::Relaxed);
+        // CLOSED by the session's end stays CLOSED.
+        if h.state.compare_exchange(REQUEST, DONE, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+            break;
+        }
+        if h.client_waits.load(Ordering::SeqCst) != 0 {
+            proto::futex_wake(&h.state);
+        }
+    }
+    s.channels.lock().retain(|c| !Arc::ptr_eq(c, &ch));
+    shared.channels.fetch_sub(1, Ordering::Relaxed);
+}
+
+fn stat_of(m: &Metadata) -> Stat {
+    Stat {
+        ino: m.ino,
+        mode: m.mode,
+        nlink: m.nlink,
+        uid: m.uid,
+        gid: m.gid,
+        rdev: m.rdev,
+        blksize: m.blksize,
+        size: m.size,
+        blocks: m.blocks,
+        atime: (m.atime.sec, m.atime.nsec),
+        mtime: (m.mtime.sec, m.mtime.nsec),
+        ctime: (m.ctime.sec, m.ctime.nsec),
+    }
+}
+
+/// Clear set-ID bits before a change by a writer without CAP_FSETID, as the kernel
+/// does (`file_remove_privs`).
+fn kill_privs(shared: &Shared, s: &Session, ino: u64) -> Result<(), i32> {
+    if !s.fsetid && shared.fs.remove_privs(ino).map_err(|e| e.errno())? {
+        (shared.changed)(ino);
+    }
+    Ok(())
+}
+
+/// Answer the request in `ch`: (result, r1) or an errno.
+fn answer(shared: &Shared, s: &Session, ch: &Channel) -> Result<(i64, u64), i32> {
+    let h = ch.header();
+    let op = Op::from_u32(h.op.load(Ordering::Relaxed)).ok_or(libc::ENOSYS)?;
+    let (a, b, c) = (h.a.load(Ordering::Relaxed), h.b.load(Ordering::Relaxed), h.c.load(Ordering::Relaxed));
+    let id = h.handle.load(Ordering::Relaxed);
+    let fs = &shared.fs;
+    let e = |e: pwfs::Error| e.errno();
+    if op == Op::Syncfs {
+        return fs.sync().map(|_| (0, 0)).map_err(e);
+    }
+    if op == Op::Release {
+        s.handles.write().remove(id);
+        return Ok((0, 0));
+    }
+    let handle = s.handles.read().get(id).ok_or(libc::EBADF)?;
+    let f = &handle.file;
+    let ino = f.ino();
+    let len = usize::try_from(b).map_err(|_| libc::EINVAL)?;
+    if matches!(op, Op::Read | Op::Write) && len > DATA {
+        return Err(libc::EINVAL);
+    }
+    match op {
+        Op::Read => f.read_at(ch.data(len), a).map(|n| (n as i64, 0)).map_err(e),
+        Op::Write => {
+            kill_privs(shared, s, ino)?;
+            let r = f.pwrite(ch.data(len), a);
+            (shared.changed)(ino);
+            let at = r.map_err(e)?;
+            let sync = c | handle.sync;
+            if sync & proto::WRITE_SYNC != 0 {
+                fs.fsync(ino, sync & proto::WRITE_DATASYNC != 0).map_err(e)?;
+            }
+            Ok((len as i64, at))
+        }
+        Op::Fsync => fs.fsync(ino, c == 1).map(|_| (0, 0)).map_err(e),
+        Op::Stat => {
+            h.set_stat(stat_of(&f.metadata().map_err(e)?));
+            Ok((0, 0))
+        }
+        Op::Truncate => {
+            kill_privs(shared, s, ino)?;
+            let r = f.set_len(a);
+            (shared.changed)(ino);
+            r.map(|_| (0, 0)).map_err(e)
+        }
+        Op::Fallocate => {
+            kill_privs(shared, s, ino)?;
+            let mode = u32::try_from(c).map_err(|_| libc::EINVAL)?;
+            let r = f.allocate(mode, a, b);
+            (shared.changed)(ino);
+            r.map(|_| (0, 0)).map_err(e)
+        }
+        Op::Seek => {
+            let whence = i32::try_from(c).map_err(|_| libc::EINVAL)?;
+            if whence != libc::SEEK_DATA && whence != libc::SEEK_HOLE {
+                return Err(libc::EINVAL);
+            }
+            f.seek_hole_data(a, whence == libc::SEEK_HOLE).map(|at| (0, at)).map_err(e)
+        }
+        Op::Close => {
+            let r = fs.flush(ino);
+            s.handles.write().remove(id);
+            r.map(|_| (0, 0)).map_err(e)
+        }
+        Op::Syncfs | Op::Release => unreachable!("answered above"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slab_reuses_freed_slots_and_refuses_unknown_ones() {
+        let dev = std::sync::Arc::new(pwfs::device::mem::MemDevice::new(16 << 20));
+        pwfs::mkfs(&*dev, &pwfs::MkfsOptions::default()).unwrap();
+        let fs = pwfs::Fs::mount(dev, pwfs::Config::default()).unwrap();
+        let f = fs.create("a").unwrap();
+        let ino = f.ino();
+        let mut slab = Slab::default();
+        let a = slab.insert(Handle { file: f, sync: 0 });
+        let b = slab.insert(Handle { file: fs.open_ino_file(ino, true, false, false).unwrap(), sync: 0 });
+        assert_ne!(a, b);
+        assert!(slab.remove(a as u64).is_some());
+        assert!(slab.remove(a as u64).is_none());
+        assert!(slab.get(a as u64).is_none() && slab.get(u64::MAX).is_none());
+        let c = slab.insert(Handle { file: fs.open_ino_file(ino, true, true, false).unwrap(), sync: 0 });
+        assert_eq!(c, a);
+        assert!(fs.open_ino_file(pwfs::format::ROOT_INO, true, false, false).is_err());
+    }
+}
