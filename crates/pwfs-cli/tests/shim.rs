@@ -1,0 +1,425 @@
+//! The LD_PRELOAD shim (libpwfs_preload.so) against a serving `pwfs mount`: programs
+//! run with it see the same bytes as programs using the mount, before and after a
+//! fork, a dup2 and an exec; O_APPEND writers through both ways interleave whole
+//! records; a daemon killed mid-request makes the client fail with EIO, never hang;
+//! a client killed mid-request gets its channel freed. Needs root and /dev/fuse (CI has
+//! both); elsewhere it says so and does nothing.
+//!
+//! The shim side of each test is this test binary itself, run again with LD_PRELOAD
+//! and a role in `PWFS_SHIM_ROLE` (the ignored test `role`): its calls through std
+//! and libc are the interposed ones.
+
+mod common;
+
+use common::*;
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The shim, built next to this test (target/PROFILE/libpwfs_preload.so).
+fn preload() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let p = exe.parent().and_then(|d| d.parent()).unwrap().join("libpwfs_preload.so");
+    assert!(p.exists(), "{} is missing: build the workspace (cargo test --workspace builds it)", p.display());
+    p
+}
+
+/// This binary again, with the shim, playing `role` with `args`.
+fn shim_child(role: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args(["--ignored", "--exact", "role", "--nocapture", "--test-threads=1"])
+        .env("LD_PRELOAD", preload())
+        .env("PWFS_SHIM_ROLE", role)
+        .env("PWFS_SHIM_ARGS", args.join("\n"))
+        .stdin(Stdio::null());
+    c
+}
+
+fn run_shim(role: &str, args: &[&str]) -> String {
+    let out = shim_child(role, args).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "role {role} failed: {text}\n{}", String::from_utf8_lossy(&out.stderr));
+    text
+}
+
+/// A line `@key value` a role printed (the test harness prints around it).
+fn value(out: &str, key: &str) -> u64 {
+    out.lines()
+        .find_map(|l| l.split_once(&format!("@{key} ")).and_then(|(_, v)| v.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("no {key} in {out}"))
+}
+
+/// Wait for a role's `@ready`.
+fn ready(kid: &mut Child) -> std::io::Lines<BufReader<std::process::ChildStdout>> {
+    let mut lines = BufReader::new(kid.stdout.take().unwrap()).lines();
+    for l in lines.by_ref() {
+        if l.unwrap().contains("@ready") {
+            return lines;
+        }
+    }
+    panic!("the role ended before it was ready");
+}
+
+/// Requests this process sent through the shim (0 without it).
+fn carried() -> u64 {
+    // SAFETY: dlsym of a symbol the shim exports, called with its own signature.
+    unsafe {
+        let p = libc::dlsym(libc::RTLD_DEFAULT, c"pwfs_preload_requests".as_ptr());
+        if p.is_null() {
+            return 0;
+        }
+        let f: extern "C" fn() -> u64 = std::mem::transmute(p);
+        f()
+    }
+}
+
+fn stat_line(mp: &Path, key: &str) -> u64 {
+    let (ok, out, err) = pwfs(&["stat", mp.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    out.lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|v| v.split_whitespace().next()?.parse().ok()))
+        .unwrap_or_else(|| panic!("no {key:?} in {out}"))
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 12) as u8).collect()
+}
+
+/// The roles, run under the shim.
+#[test]
+#[ignore = "the shim side of the tests in this file, run by them"]
+fn role() {
+    let Ok(role) = std::env::var("PWFS_SHIM_ROLE") else { return };
+    let args: Vec<String> = std::env::var("PWFS_SHIM_ARGS").unwrap().lines().map(String::from).collect();
+    let path = Path::new(&args[0]);
+    match role.as_str() {
+        "write" => role_write(path),
+        "read" => {
+            let data = std::fs::read(path).unwrap();
+            println!("\n@len {}", data.len());
+            println!("@sum {}", data.iter().map(|b| *b as u64).sum::<u64>());
+        }
+        "append" => {
+            let tag = args[1].as_bytes()[0];
+            let n: usize = args[2].parse().unwrap();
+            let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+            for i in 0..n {
+                f.write_all(&record(tag, i)).unwrap();
+            }
+        }
+        "fork" => role_fork(path),
+        "loop" => role_loop(path),
+        "sync" => {
+            std::fs::write(path, pattern(100_000, 9)).unwrap();
+            // SAFETY: sync(2).
+            unsafe { libc::sync() };
+        }
+        r => panic!("unknown role {r}"),
+    }
+    println!("\n@carried {}", carried());
+}
+
+/// Every data call the shim carries, on one file; the parent checks the result
+/// through the mount.
+fn role_write(path: &Path) {
+    let mut f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path).unwrap();
+    let a = pattern(300_000, 1);
+    f.write_all(&a).unwrap(); // write(2)
+    f.write_all_at(b"PWRITE", 4096).unwrap(); // pwrite64
+    let n = f.write_vectored(&[std::io::IoSlice::new(b"vec"), std::io::IoSlice::new(b"tor")]).unwrap(); // writev
+    assert_eq!(n, 6);
+    assert_eq!(f.stream_position().unwrap(), 300_006);
+    assert_eq!(f.seek(SeekFrom::End(-6)).unwrap(), 300_000); // SEEK_END: the daemon's size
+    let mut back = [0u8; 6];
+    f.read_exact(&mut back).unwrap(); // read(2) at the kernel's position
+    assert_eq!(&back, b"vector");
+    let mut at = [0u8; 6];
+    f.read_exact_at(&mut at, 4096).unwrap(); // pread64
+    assert_eq!(&at, b"PWRITE");
+    assert_eq!(f.metadata().unwrap().len(), 300_006); // statx of the descriptor
+    f.set_len(1 << 20).unwrap(); // ftruncate
+                                 // SAFETY: lseek and fallocate of our own descriptor.
+    unsafe {
+        use std::os::fd::AsRawFd;
+        let fd = f.as_raw_fd();
+        assert_eq!(libc::lseek(fd, 400_000, libc::SEEK_DATA), -1, "a hole up to the end");
+        assert_eq!(*libc::__errno_location(), libc::ENXIO);
+        assert_eq!(libc::lseek(fd, 0, libc::SEEK_HOLE), 303_104, "the first hole: after the written blocks");
+        assert_eq!(libc::fallocate(fd, 0, 2 << 20, 4096), 0);
+        let mut st: libc::stat = std::mem::zeroed();
+        assert_eq!(libc::fstat(fd, &mut st), 0);
+        assert_eq!(st.st_size, (2 << 20) + 4096);
+        assert_eq!(libc::fdatasync(fd), 0);
+        // Not open for writing: the kernel's errno.
+        let ro = std::fs::File::open(path).unwrap();
+        assert_eq!(libc::write(ro.as_raw_fd(), b"x".as_ptr() as *const libc::c_void, 1), -1);
+        assert_eq!(*libc::__errno_location(), libc::EBADF);
+        assert_eq!(libc::ftruncate(ro.as_raw_fd(), 0), -1);
+        assert_eq!(*libc::__errno_location(), libc::EINVAL);
+    }
+    f.sync_all().unwrap();
+}
+
+/// A 64-byte record: tag, index, filler, newline.
+fn record(tag: u8, i: usize) -> Vec<u8> {
+    let mut r = format!("{}{:08}", tag as char, i).into_bytes();
+    r.resize(63, tag);
+    r.push(b'\n');
+    r
+}
+
+/// The file position is shared by a descriptor, its fork, its dup and an exec'd
+/// program; close-on-exec closes.
+fn role_fork(path: &Path) {
+    use std::os::fd::AsRawFd;
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(path).unwrap();
+    f.write_all(b"A").unwrap();
+    // SAFETY: fork, write through the inherited descriptor, and exit in the child.
+    unsafe {
+        let pid = libc::fork();
+        assert!(pid >= 0);
+        if pid == 0 {
+            let ok = libc::write(f.as_raw_fd(), b"B".as_ptr() as *const libc::c_void, 1) == 1;
+            libc::_exit(if ok { 0 } else { 1 });
+        }
+        let mut status = 0;
+        assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child's write failed");
+    }
+    f.write_all(b"C").unwrap();
+    // SAFETY: dup2 onto a free number, a write through it, and dup3 with O_CLOEXEC.
+    unsafe {
+        assert_eq!(libc::dup2(f.as_raw_fd(), 8), 8);
+        assert_eq!(libc::write(8, b"D".as_ptr() as *const libc::c_void, 1), 1);
+        assert_eq!(libc::dup3(f.as_raw_fd(), 9, libc::O_CLOEXEC), 9);
+    }
+    // fd 8 is inherited by the program (which runs with the shim too).
+    let st = Command::new("sh").args(["-c", "printf E >&8"]).status().unwrap();
+    assert!(st.success());
+    let st = Command::new("sh").args(["-c", "printf F >&9"]).stderr(Stdio::null()).status().unwrap();
+    assert!(!st.success(), "a close-on-exec descriptor survived exec");
+    // SAFETY: closing our dups.
+    unsafe {
+        libc::close(8);
+        libc::close(9);
+    }
+    f.write_all(b"G").unwrap();
+    assert_eq!(f.stream_position().unwrap(), 6);
+}
+
+/// Write and fsync until something fails; say "ready" after the first round. Exit 0
+/// if what failed was EIO or ENOTCONN (the daemon went away), 3 otherwise.
+fn role_loop(path: &Path) {
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(path).unwrap();
+    let block = pattern(1 << 20, 3);
+    for round in 0.. {
+        let r = f.write_all(&block).and_then(|_| f.sync_all());
+        match r {
+            Ok(()) if round == 0 => {
+                println!("\n@ready");
+                std::io::stdout().flush().unwrap();
+            }
+            Ok(()) => {
+                if round % 8 == 0 {
+                    f.set_len(0).unwrap();
+                    f.rewind().unwrap();
+                }
+            }
+            Err(e) => {
+                println!("\n@error {e}");
+                let code = match e.raw_os_error() {
+                    Some(libc::EIO) | Some(libc::ENOTCONN) => 0,
+                    _ => 3,
+                };
+                std::process::exit(code);
+            }
+        }
+    }
+}
+
+struct Mount {
+    daemon: Daemon,
+    dir: PathBuf,
+    img: PathBuf,
+    mp: PathBuf,
+}
+
+fn mount(name: &str) -> Mount {
+    let dir = dir(&format!("shim-{name}"));
+    let (img, mp) = (dir.join("i.img"), dir.join("mnt"));
+    let d = start(&img, &mp);
+    Mount { daemon: d, dir, img, mp }
+}
+
+#[test]
+fn shim_and_mount_see_the_same_bytes_both_ways() {
+    let _s = serial();
+    if !can_mount() {
+        return;
+    }
+    let m = mount("same");
+    let f = m.mp.join("f");
+    let out = run_shim("write", &[f.to_str().unwrap()]);
+    assert!(value(&out, "carried") > 10, "calls were not carried: {out}");
+    // Through the mount, right away: the kernel's cached attributes and pages were dropped.
+    let data = std::fs::read(&f).unwrap();
+    assert_eq!(data.len(), (2 << 20) + 4096);
+    let mut want = pattern(300_000, 1);
+    want[4096..4102].copy_from_slice(b"PWRITE");
+    want.extend_from_slice(b"vector");
+    assert!(data[..want.len()] == want[..], "the shim's bytes differ through the mount");
+    assert!(data[want.len()..].iter().all(|b| *b == 0));
+    assert_eq!(std::fs::metadata(&f).unwrap().len(), (2 << 20) + 4096);
+    // The other way: written through the mount (the kernel caches it), read through the shim.
+    let g = m.mp.join("g");
+    let b = pattern(123_457, 5);
+    std::fs::write(&g, &b).unwrap();
+    assert_eq!(std::fs::read(&g).unwrap(), b);
+    let out = run_shim("read", &[g.to_str().unwrap()]);
+    assert_eq!(value(&out, "len"), b.len() as u64);
+    assert_eq!(value(&out, "sum"), b.iter().map(|x| *x as u64).sum::<u64>());
+    // Then changed through the shim again within the same second: the mount sees it.
+    run_shim("write", &[g.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&g).unwrap().len(), (2 << 20) + 4096);
+    assert!(stat_line(&m.mp, "shim files registered") >= 3);
+    assert!(stat_line(&m.mp, "shim requests") > 20);
+}
+
+#[test]
+fn o_append_writers_through_the_shim_and_the_mount_lose_no_record() {
+    let _s = serial();
+    if !can_mount() {
+        return;
+    }
+    let m = mount("append");
+    let f = m.mp.join("log");
+    std::fs::write(&f, b"").unwrap();
+    const N: usize = 1500;
+    let kids: Vec<Child> = ["a", "b"]
+        .iter()
+        .map(|t| shim_child("append", &[f.to_str().unwrap(), t, &N.to_string()]).stdout(Stdio::null()).spawn().unwrap())
+        .collect();
+    // And one writer through the mount itself, at the same time.
+    let mut w = std::fs::OpenOptions::new().append(true).open(&f).unwrap();
+    for i in 0..N {
+        w.write_all(&record(b'k', i)).unwrap();
+    }
+    for mut k in kids {
+        assert!(k.wait().unwrap().success());
+    }
+    let data = std::fs::read(&f).unwrap();
+    assert_eq!(data.len(), 3 * N * 64, "records were lost or overwritten");
+    let mut next = [0usize; 3];
+    for r in data.chunks(64) {
+        let t = ["a", "b", "k"].iter().position(|t| t.as_bytes()[0] == r[0]).expect("a torn record");
+        assert_eq!(r, &record(r[0], next[t])[..], "records out of order or torn");
+        next[t] += 1;
+    }
+    assert_eq!(next, [N; 3]);
+}
+
+#[test]
+fn fork_dup2_exec_share_the_position_and_close_on_exec_closes() {
+    let _s = serial();
+    if !can_mount() {
+        return;
+    }
+    let m = mount("fork");
+    let f = m.mp.join("f");
+    let out = run_shim("fork", &[f.to_str().unwrap()]);
+    assert!(value(&out, "carried") > 0, "{out}");
+    assert_eq!(std::fs::read(&f).unwrap(), b"ABCDEG");
+}
+
+#[test]
+fn sync_through_the_shim_makes_writes_survive_sigkill() {
+    let _s = serial();
+    if !can_mount() {
+        return;
+    }
+    let mut m = mount("sync");
+    let f = m.mp.join("f");
+    run_shim("sync", &[f.to_str().unwrap()]);
+    m.daemon.kill().unwrap();
+    m.daemon.wait().unwrap();
+    detach(&m.mp);
+    let d2 = start(&m.img, &m.mp);
+    assert_eq!(std::fs::read(&f).unwrap(), pattern(100_000, 9));
+    drop(d2);
+}
+
+#[test]
+fn a_daemon_killed_mid_request_fails_the_client_with_eio_not_a_hang() {
+    let _s = serial();
+    if !can_mount() {
+        return;
+    }
+    let mut m = mount("daemon-dies");
+    let mut kid = shim_child("loop", &[m.mp.join("f").to_str().unwrap()]).stdout(Stdio::piped()).spawn().unwrap();
+    let lines = ready(&mut kid);
+    std::thread::sleep(Duration::from_millis(50));
+    m.daemon.kill().unwrap();
+    m.daemon.wait().unwrap();
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = kid.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "the client hangs after the daemon died");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(status.success(), "the client failed otherwise than with EIO/ENOTCONN: {rest:?}");
+    detach(&m.mp);
+}
+
+#[test]
+fn a_client_killed_mid_request_gets_its_channel_freed() {
+    let _s = serial();
+    if !can_mount() {
+        return;
+    }
+    let m = mount("client-dies");
+    let mut kid = shim_child("loop", &[m.mp.join("f").to_str().unwrap()]).stdout(Stdio::piped()).spawn().unwrap();
+    let _lines = ready(&mut kid);
+    assert!(stat_line(&m.mp, "shim threads") >= 1);
+    assert_eq!(stat_line(&m.mp, "shim processes"), 1);
+    kid.kill().unwrap();
+    kid.wait().unwrap();
+    wait_for("the daemon to free the dead client's channel", || {
+        stat_line(&m.mp, "shim threads") == 0 && stat_line(&m.mp, "shim processes") == 0
+    });
+    // And the mount still serves, through the shim too.
+    let f = m.mp.join("after");
+    run_shim("write", &[f.to_str().unwrap()]);
+    assert_eq!(std::fs::metadata(&f).unwrap().len(), (2 << 20) + 4096);
+    let _ = std::fs::remove_dir_all(&m.dir);
+}
+
+#[test]
+fn a_mount_without_the_shim_serves_shim_clients_through_the_kernel() {
+    let _s = serial();
+    if !can_mount() {
+        return;
+    }
+    let dir = dir("shim-off");
+    let (img, mp) = (dir.join("i.img"), dir.join("mnt"));
+    let child = Command::new(PWFS)
+        .args(["mount", img.to_str().unwrap(), mp.to_str().unwrap(), "--size", "128M", "--shim", "off"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("the mount", || mounted(&mp));
+    let _d = Daemon(child, mp.clone());
+    let out = run_shim("write", &[mp.join("f").to_str().unwrap()]);
+    assert_eq!(value(&out, "carried"), 0);
+    assert_eq!(std::fs::metadata(mp.join("f")).unwrap().len(), (2 << 20) + 4096);
+}
