@@ -31,6 +31,7 @@
 
 use crate::basic::{make_image, open_raw};
 use crate::kernel::KFile;
+use crate::programs::{db_bench, db_bench_flags, db_bench_version, drop_caches, sst_bytes, Place};
 use crate::report::DeviceProbe;
 use crate::{median, percentiles, shuffled_pages, Opts, Report};
 use pwfs::device::uring::UringDevice;
@@ -39,7 +40,6 @@ use pwfs::{Config, Fs, OpenOptions, PathTimes, Stack};
 use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::Barrier;
 use std::time::Instant;
 
@@ -613,136 +613,12 @@ impl AppsSizes {
     }
 }
 
-/// The version of the `db_bench` on PATH ("7.8.3"), or None when there is none.
-fn db_bench_version() -> Option<String> {
-    let out = Command::new("db_bench").arg("--version").stdin(Stdio::null()).output().ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let version = text.lines().find_map(|l| l.trim().strip_prefix("db_bench version")).map(|v| v.trim().to_string());
-    Some(version.filter(|v| out.status.success() && !v.is_empty()).unwrap_or_else(|| "(version unknown)".into()))
-}
-
-/// Flags of every db_bench run: one thread, no compression, no statistics, a fixed
-/// seed, every table file open from the start (its index read at open, not by the
-/// lookups), a 1 MiB block cache, 4 MiB memtables flushed to SSTs and no automatic
-/// compactions (the same files in every cell).
-fn db_bench_flags(seed: u64) -> Vec<String> {
-    [
-        "--threads=1",
-        "--compression_type=none",
-        "--statistics=0",
-        "--histogram=0",
-        "--progress_reports=0",
-        "--open_files=-1",
-        "--cache_size=1048576",
-        "--key_size=16",
-        "--value_size=100",
-        "--write_buffer_size=4194304",
-        "--disable_auto_compactions=1",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain([format!("--seed={seed}")])
-    .collect()
-}
-
-/// The last lines of a failed run's output (stderr, or stdout when stderr is empty).
-fn tail(stderr: &[u8], stdout: &[u8]) -> String {
-    let text = String::from_utf8_lossy(if stderr.iter().any(|b| !b.is_ascii_whitespace()) { stderr } else { stdout });
-    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    lines[lines.len().saturating_sub(12)..].join("\n")
-}
-
-/// Run `db_bench --benchmarks=benchmark` on `db` with the common flags and `args`, and
-/// return the benchmark's ops/s (for readrandom: only if every key was found).
-fn db_bench(db: &Path, benchmark: &str, seed: u64, args: &[String]) -> R<f64> {
-    let out = Command::new("db_bench")
-        .arg(format!("--db={}", db.display()))
-        .arg(format!("--benchmarks={benchmark}"))
-        .args(db_bench_flags(seed))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(err("db_bench"))?;
-    let what = || format!("db_bench --benchmarks={benchmark} {} --db={}", args.join(" "), db.display());
-    if !out.status.success() {
-        return Err(format!("{}: {}:\n{}", what(), out.status, tail(&out.stderr, &out.stdout)));
-    }
-    db_bench_ops(&String::from_utf8_lossy(&out.stdout), benchmark).map_err(|e| format!("{}: {e}", what()))
-}
-
-/// The ops/s of `benchmark` in db_bench's output, from its line
-/// `readrandom   :      37.672 micros/op 26528 ops/sec 0.094 seconds 2500 operations;
-/// 2.9 MB/s (2500 of 2500 found)`; an error if some of the keys looked up were not
-/// found (a lookup of a missing key reads nothing).
-fn db_bench_ops(out: &str, benchmark: &str) -> R<f64> {
-    let rest = out
-        .lines()
-        .find_map(|l| l.split_once(':').filter(|(name, _)| name.trim() == benchmark).map(|(_, rest)| rest))
-        .ok_or_else(|| format!("no `{benchmark} :` line in its output"))?;
-    let words: Vec<&str> = rest.split_whitespace().collect();
-    let ops = words
-        .iter()
-        .position(|w| w.starts_with("ops/sec"))
-        .and_then(|i| words.get(i.checked_sub(1)?))
-        .and_then(|w| w.parse::<f64>().ok())
-        .filter(|v| v.is_finite() && *v > 0.0)
-        .ok_or_else(|| format!("no ops/sec figure in {rest:?}"))?;
-    if let Some((_, found)) = rest.rsplit_once('(').filter(|(_, f)| f.contains("found")) {
-        let n: Vec<&str> = found.split_whitespace().collect();
-        if n.len() < 3 || n[1] != "of" || n[0] != n[2] {
-            return Err(format!("not every key was found: ({found}"));
-        }
-    }
-    Ok(ops)
-}
-
-/// Write back every dirty page and drop the kernel's page, dentry and inode caches.
-fn drop_caches() -> R<()> {
-    // SAFETY: plain syscall.
-    unsafe { libc::sync() };
-    std::fs::write("/proc/sys/vm/drop_caches", "3").map_err(err("echo 3 > /proc/sys/vm/drop_caches"))
-}
-
 /// Where part (d)'s databases go: the root of a FUSE mount (default kernel cache mode)
 /// of a fresh `Fs` over the image, or the kernel's directory beside it.
-struct AppsPlace {
-    mount: Option<(Fs, pwfs_fuse::Mounted)>,
-    dir: PathBuf,
-}
-
-impl AppsPlace {
-    fn open(b: &Bench, col: Col, mnt: &Path, kdir: &Path) -> R<AppsPlace> {
-        let Some(config) = col.config() else {
-            std::fs::create_dir_all(kdir).map_err(err("ext4 dir"))?;
-            return Ok(AppsPlace { mount: None, dir: kdir.to_path_buf() });
-        };
-        std::fs::create_dir_all(mnt).map_err(err("mount point"))?;
-        let fs = pwfs::mount_image(&b.image, config).map_err(err("mount"))?;
-        match pwfs_fuse::mount(fs.clone(), mnt, false) {
-            Ok(mounted) => Ok(AppsPlace { mount: Some((fs, mounted)), dir: mnt.to_path_buf() }),
-            Err(e) => {
-                let _ = fs.unmount();
-                let _ = std::fs::remove_dir(mnt);
-                Err(format!("FUSE mount: {e}"))
-            }
-        }
-    }
-
-    /// Everything durable; a FUSE mount unmounted and its mount point removed.
-    fn close(self) -> R<()> {
-        match self.mount {
-            Some((fs, mounted)) => {
-                let fuse = mounted.unmount().map_err(err("FUSE unmount"));
-                let engine = fs.unmount().map_err(err("unmount"));
-                let _ = std::fs::remove_dir(&self.dir);
-                fuse.and(engine)
-            }
-            None => {
-                // SAFETY: plain syscall.
-                unsafe { libc::sync() };
-                Ok(())
-            }
-        }
+fn apps_place(b: &Bench, col: Col, mnt: &Path, kdir: &Path) -> R<Place> {
+    match col.config() {
+        Some(config) => Place::fuse(&b.image, config, mnt, &Default::default()),
+        None => Place::dir(kdir),
     }
 }
 
@@ -757,15 +633,6 @@ struct AppsAcc {
     sst_bytes: u64,
 }
 
-fn sst_bytes(db: &Path) -> u64 {
-    let Ok(dir) = std::fs::read_dir(db) else { return 0 };
-    dir.flatten()
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".sst"))
-        .filter_map(|e| e.metadata().ok())
-        .map(|m| m.len())
-        .sum()
-}
-
 /// One cell of part (d): fillsync and fillseq on a fresh mount (ext4: the kernel's
 /// directory, its caches dropped first); the file system unmounted, the kernel's
 /// caches dropped, and readrandom on a fresh mount (cold), then again (warm). The
@@ -774,14 +641,14 @@ fn apps_cell(b: &Bench, col: Col, s: AppsSizes, seed: u64, dirs: (&Path, &Path),
     let (mnt, kdir) = dirs;
     let num = |n: usize| format!("--num={n}");
     drop_caches()?;
-    let place = AppsPlace::open(b, col, mnt, kdir)?;
+    let place = apps_place(b, col, mnt, kdir)?;
     let (db, db_sync) = (place.dir.join("db"), place.dir.join("db-sync"));
-    let filled = db_bench(&db_sync, "fillsync", seed, &[num(s.syncs)])
+    let filled = db_bench(&db_sync, "fillsync", seed, &[num(s.syncs)], None)
         .and_then(|v| {
             acc.fillsync.push(v);
             std::fs::remove_dir_all(&db_sync).map_err(err("remove the fillsync db"))
         })
-        .and_then(|_| db_bench(&db, "fillseq", seed, &[num(s.fill)]))
+        .and_then(|_| db_bench(&db, "fillseq", seed, &[num(s.fill)], None))
         .map(|v| {
             acc.fillseq.push(v);
             acc.sst_bytes = acc.sst_bytes.max(sst_bytes(&db));
@@ -795,11 +662,11 @@ fn apps_cell(b: &Bench, col: Col, s: AppsSizes, seed: u64, dirs: (&Path, &Path),
     closed?;
 
     drop_caches()?;
-    let place = AppsPlace::open(b, col, mnt, kdir)?;
+    let place = apps_place(b, col, mnt, kdir)?;
     let db = place.dir.join("db");
     let read = [num(s.fill), format!("--reads={}", s.reads), "--use_existing_db=1".into()];
-    let cold = db_bench(&db, "readrandom", seed, &read);
-    let warm = cold.as_ref().map_err(|e| e.clone()).and_then(|_| db_bench(&db, "readrandom", seed, &read));
+    let cold = db_bench(&db, "readrandom", seed, &read, None);
+    let warm = cold.as_ref().map_err(|e| e.clone()).and_then(|_| db_bench(&db, "readrandom", seed, &read, None));
     let removed = std::fs::remove_dir_all(&db).map_err(err("remove the db"));
     let closed = place.close();
     acc.cold.push(cold?);
@@ -1268,22 +1135,6 @@ pub fn plot(r: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// db_bench's result lines (RocksDB 7.8.3), parsed without db_bench.
-    #[test]
-    fn parses_db_bench_output() {
-        let out = "DB path: [/tmp/db]\n\
-                   fillsync     :    3372.057 micros/op 296 ops/sec 6.744 seconds 2000 operations;    0.0 MB/s (2 ops)\n\
-                   readrandom   :      37.672 micros/op 26528 ops/sec 0.094 seconds 2500 operations;    2.9 MB/s \
-                   (2500 of 2500 found)\n";
-        assert_eq!(db_bench_ops(out, "fillsync"), Ok(296.0));
-        assert_eq!(db_bench_ops(out, "readrandom"), Ok(26528.0));
-        assert!(db_bench_ops(out, "fillseq").is_err());
-        let missing = "readrandom   :      3.0 micros/op 333333 ops/sec; (12 of 2500 found)\n";
-        assert!(db_bench_ops(missing, "readrandom").unwrap_err().contains("not every key"));
-        assert!(db_bench_ops("readrandom : nothing here\n", "readrandom").is_err());
-        assert_eq!(tail(b"", b"a\n\nb\n"), "a\nb");
-    }
 
     /// The smoke run fills every cell, states both targets, and records the device.
     #[test]

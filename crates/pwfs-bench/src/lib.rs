@@ -27,6 +27,7 @@ pub mod fuse;
 pub mod kernel;
 pub mod nbw;
 pub mod personalities;
+pub mod programs;
 pub mod report;
 pub mod scale;
 
