@@ -8,6 +8,10 @@
 //!   1-4 threads, write+fsync latency, RocksDB db_bench through a FUSE mount; Sync,
 //!   Async and Async+polling mounts against ext4 and raw io_uring O_DIRECT reads of the
 //!   image.
+//! - `apps`: unmodified programs — RocksDB db_bench (fills, cold lookups), sqlite3
+//!   (one insert per transaction, DELETE and WAL journals), fio (psync 4 KiB reads cold
+//!   and cached, overwrite+fdatasync) — and the time of one cached 4 KiB pread, on
+//!   ext4, a FUSE mount, and the same mount under the LD_PRELOAD shim (and the C ABI).
 //! - `basic`: cold 4 KiB random reads at queue depth 1, 4 KiB write+fsync, 1 MiB
 //!   sequential write and cold read, warm 4 KiB reads; against ext4 buffered, ext4
 //!   O_DIRECT, and raw io_uring O_DIRECT reads of the image (the device floor).
@@ -22,6 +26,7 @@
 //! Every report records the device's own 4 KiB read and flush latency.
 
 pub mod aios;
+pub mod apps;
 pub mod basic;
 pub mod fuse;
 pub mod kernel;

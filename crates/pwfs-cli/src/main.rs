@@ -130,10 +130,10 @@ enum Cmd {
         #[arg(long)]
         json: Option<PathBuf>,
         /// Run these parts alone (comma-separated). aios: reads, threads, fsync, apps
-        /// (RocksDB db_bench through a FUSE mount); nbw: seqwrite, randwrite, randrw,
-        /// randread, seqread, fuse; scale: overwrite, read, create, smallwrite; fuse: untar,
-        /// find, randwrite, cached, cold, appends, seq, git, fileserver, webproxy, varmail,
-        /// randomrw.
+        /// (RocksDB db_bench through a FUSE mount); apps: db_bench, sqlite, fio, pread; nbw:
+        /// seqwrite, randwrite, randrw, randread, seqread, fuse; scale: overwrite, read,
+        /// create, smallwrite; fuse: untar, find, randwrite, cached, cold, appends, seq, git,
+        /// fileserver, webproxy, varmail, randomrw.
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
     },
@@ -197,6 +197,9 @@ enum Workload {
     /// Asynchronous I/O stack: cold reads by size, reads by threads, write+fsync latency;
     /// Sync vs Async vs Async+polling vs ext4 and the raw device.
     Aios,
+    /// db_bench, sqlite3, fio and cached 4 KiB pread latency on ext4, a FUSE mount, and
+    /// the mount under the LD_PRELOAD shim ($PWFS_PRELOAD or libpwfs_preload.so beside pwfs).
+    Apps,
     /// Cold/warm 4 KiB reads, write+fsync, 1 MiB sequential I/O vs ext4 and the raw device.
     Basic,
     /// Untar, random writes with fsync, reads, sequential I/O, git status: a FUSE mount vs ext4.
@@ -394,16 +397,19 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
                 pwfs_bench::Opts::full(dir.clone())
             };
             if !only.is_empty()
-                && !matches!(workload, Workload::Aios | Workload::Nbw | Workload::Scale | Workload::Fuse)
+                && !matches!(
+                    workload,
+                    Workload::Aios | Workload::Apps | Workload::Nbw | Workload::Scale | Workload::Fuse
+                )
             {
-                return Err(
-                    "--only applies to `pwfs bench aios`, `pwfs bench nbw`, `pwfs bench scale` and `pwfs bench fuse`"
-                        .into(),
-                );
+                return Err("--only applies to `pwfs bench aios`, `pwfs bench apps`, `pwfs bench nbw`, \
+                            `pwfs bench scale` and `pwfs bench fuse`"
+                    .into());
             }
             opts.only = only;
             let name = match workload {
                 Workload::Aios => "aios",
+                Workload::Apps => "apps",
                 Workload::Basic => "basic",
                 Workload::Fuse => "fuse",
                 Workload::Scale => "scale",
@@ -416,6 +422,7 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
                     let svg = pwfs_bench::aios::plot(&r);
                     (r, Some(svg))
                 }),
+                Workload::Apps => pwfs_bench::apps::run(&opts, &mut step).map(|r| (r, None)),
                 Workload::Basic => pwfs_bench::basic::run(&opts, &mut step).map(|r| (r, None)),
                 Workload::Fuse => pwfs_bench::fuse::run(&opts, &mut step).map(|r| (r, None)),
                 Workload::Scale => pwfs_bench::scale::run(&opts, &mut step).map(|r| (r, None)),
