@@ -176,10 +176,12 @@ impl Bench {
             Col::Ext4 => Place::dir(&self.kdir),
             Col::Fuse | Col::Shim => {
                 let source = self.image.canonicalize().unwrap_or_else(|_| self.image.clone());
-                // As `pwfs mount` mounts by default: the image as the source, noatime.
+                // As `pwfs mount` mounts by default: the image as the source, noatime, the
+                // shim served (both columns: the fuse column's programs just do not use it).
                 let options = pwfs_fuse::MountOptions {
                     fsname: Some(source.to_string_lossy().into_owned()),
                     flags: libc::MS_NOATIME,
+                    shim: true,
                     ..Default::default()
                 };
                 Place::fuse(&self.image, pwfs::Config::default(), &self.mnt, &options)

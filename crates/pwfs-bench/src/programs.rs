@@ -11,6 +11,9 @@
 //! - `db_bench` runs one db_bench benchmark with `db_bench_flags` and returns its ops/s.
 
 use pwfs::{Config, Fs};
+use std::ffi::OsString;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -59,6 +62,8 @@ pub fn drop_caches() -> R<()> {
 /// by threads of this process, or a directory on the host's file system.
 pub struct Place {
     mount: Option<(Fs, pwfs_fuse::Mounted)>,
+    /// The LD_PRELOAD shim's socket, when the mount serves it.
+    shim: Option<pwfs_shim::server::Server>,
     pub dir: PathBuf,
 }
 
@@ -66,16 +71,44 @@ impl Place {
     /// `dir` (created if missing) on the host's file system.
     pub fn dir(dir: &Path) -> R<Place> {
         std::fs::create_dir_all(dir).map_err(err("ext4 dir"))?;
-        Ok(Place { mount: None, dir: dir.to_path_buf() })
+        Ok(Place { mount: None, shim: None, dir: dir.to_path_buf() })
     }
 
     /// A fresh mount of `image` with `config`, served by FUSE at `mnt` (created, and
-    /// removed again by `close`).
+    /// removed again by `close`), and with `options.shim` the LD_PRELOAD shim's socket
+    /// as `pwfs mount` serves it.
     pub fn fuse(image: &Path, config: Config, mnt: &Path, options: &pwfs_fuse::MountOptions) -> R<Place> {
         std::fs::create_dir_all(mnt).map_err(err("mount point"))?;
         let fs = pwfs::mount_image(image, config).map_err(err("mount"))?;
         match pwfs_fuse::mount_with(fs.clone(), mnt, options) {
-            Ok(mounted) => Ok(Place { mount: Some((fs, mounted)), dir: mnt.to_path_buf() }),
+            Ok(mounted) => {
+                let shim = if options.shim {
+                    let view = mounted.view();
+                    let socket = mnt.canonicalize().map(|m| {
+                        PathBuf::from(OsString::from_vec(pwfs_shim::proto::socket_path(m.as_os_str().as_bytes())))
+                    });
+                    let started = socket.and_then(|socket| {
+                        let dev = std::fs::metadata(mnt)?.dev();
+                        pwfs_shim::server::Server::start(
+                            socket,
+                            fs.clone(),
+                            dev,
+                            Box::new(move |ino| view.changed(ino)),
+                        )
+                    });
+                    match started {
+                        Ok(s) => Some(s),
+                        Err(e) => {
+                            let _ = mounted.unmount();
+                            let _ = fs.unmount();
+                            return Err(format!("shim socket: {e}"));
+                        }
+                    }
+                } else {
+                    None
+                };
+                Ok(Place { mount: Some((fs, mounted)), shim, dir: mnt.to_path_buf() })
+            }
             Err(e) => {
                 let _ = fs.unmount();
                 let _ = std::fs::remove_dir(mnt);
@@ -86,6 +119,7 @@ impl Place {
 
     /// Everything durable; a FUSE mount unmounted and its mount point removed.
     pub fn close(self) -> R<()> {
+        drop(self.shim);
         match self.mount {
             Some((fs, mounted)) => {
                 let fuse = mounted.unmount().map_err(err("FUSE unmount"));

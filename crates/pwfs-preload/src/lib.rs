@@ -375,13 +375,30 @@ pub unsafe extern "C" fn fdatasync(fd: c_int) -> c_int {
     simple(fd, Op::Fsync, 0, 0, 1).unwrap_or_else(|| real::fdatasync(fd))
 }
 
+/// A size change the kernel did not make: its cached size was invalidated (if it had
+/// one), but a page fault in a mapping trusts the cached size without asking, and
+/// would raise SIGBUS past the old end. One fstat through the kernel refreshes it (a
+/// request only when it was invalidated).
+unsafe fn refresh_kernel_size(fd: c_int) {
+    let mut st: libc::stat64 = std::mem::zeroed();
+    real::fstat64(fd, &mut st);
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn ftruncate64(fd: c_int, len: off_t) -> c_int {
     if len < 0 {
         set_errno(libc::EINVAL);
         return -1;
     }
-    simple(fd, Op::Truncate, len as u64, 0, 0).unwrap_or_else(|| real::ftruncate64(fd, len))
+    match simple(fd, Op::Truncate, len as u64, 0, 0) {
+        Some(r) => {
+            if r == 0 {
+                refresh_kernel_size(fd);
+            }
+            r
+        }
+        None => real::ftruncate64(fd, len),
+    }
 }
 
 #[no_mangle]
@@ -395,8 +412,15 @@ pub unsafe extern "C" fn fallocate64(fd: c_int, mode: c_int, off: off_t, len: of
         set_errno(libc::EINVAL);
         return -1;
     }
-    simple(fd, Op::Fallocate, off as u64, len as u64, mode as u32 as u64)
-        .unwrap_or_else(|| real::fallocate64(fd, mode, off, len))
+    match simple(fd, Op::Fallocate, off as u64, len as u64, mode as u32 as u64) {
+        Some(r) => {
+            if r == 0 {
+                refresh_kernel_size(fd);
+            }
+            r
+        }
+        None => real::fallocate64(fd, mode, off, len),
+    }
 }
 
 #[no_mangle]
@@ -413,7 +437,10 @@ pub unsafe extern "C" fn posix_fallocate64(fd: c_int, off: off_t, len: off_t) ->
     let carried = shim(|| {
         let o = classify(fd)?;
         match request(o, Op::Fallocate, off as u64, len as u64, 0, |_| 0, |_, _, _| ()) {
-            Ok(_) => Some(0),
+            Ok(_) => {
+                refresh_kernel_size(fd);
+                Some(0)
+            }
             Err(Fail::Errno(e)) => Some(e),
             Err(Fail::Kernel) => None,
         }
@@ -569,6 +596,38 @@ pub unsafe extern "C" fn statx(
         Some(Err(e)) => finish(Err(e)).map(|v| v as c_int).unwrap_or(-1),
         None => real::statx(dirfd, path, flags, mask, st),
     }
+}
+
+// ---- mappings --------------------------------------------------------------------
+
+/// mmap is the kernel's; a carried file's size may have changed behind it (an append
+/// or truncate through the shim), so its cached size is refreshed first: a mapping of
+/// the new end does not fault with SIGBUS.
+#[no_mangle]
+pub unsafe extern "C" fn mmap64(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: off_t,
+) -> *mut c_void {
+    if fd >= 0 && flags & libc::MAP_ANONYMOUS == 0 && shim(|| classify(fd)).is_some() {
+        refresh_kernel_size(fd);
+    }
+    real::mmap64(addr, len, prot, flags, fd, off)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn mmap(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: off_t,
+) -> *mut c_void {
+    mmap64(addr, len, prot, flags, fd, off)
 }
 
 // ---- keeping the table of descriptors true ----------------------------------------

@@ -99,6 +99,7 @@ macro_rules! real_ptr {
 }
 
 real_ptr! {
+    mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void;
     fopen64(path: *const c_char, mode: *const c_char) -> *mut FILE;
     freopen64(path: *const c_char, mode: *const c_char, f: *mut FILE) -> *mut FILE;
 }

@@ -222,7 +222,10 @@ impl Server {
             sessions: Mutex::new(Vec::new()),
             spinners: AtomicUsize::new(0),
             // Leave a CPU to the clients.
-            max_spinners: (cpus / 2).max(1),
+            max_spinners: std::env::var("PWFS_SHIM_SPINNERS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or((cpus / 2).max(1)),
             sessions_total: AtomicU64::new(0),
             channels: AtomicU64::new(0),
             registered: AtomicU64::new(0),
