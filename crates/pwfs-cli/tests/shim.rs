@@ -24,12 +24,34 @@ fn serial() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The shim, built next to this test (target/PROFILE/libpwfs_preload.so).
+/// The shim, built next to this test (target/PROFILE/libpwfs_preload.so). `cargo test`
+/// does not build a package's cdylib, so it is built here once, in this test's
+/// profile and target directory (read off this executable's path), from the source
+/// under test; cargo has released the build lock by the time tests run.
 fn preload() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let p = exe.parent().and_then(|d| d.parent()).unwrap().join("libpwfs_preload.so");
-    assert!(p.exists(), "{} is missing: build the workspace (cargo test --workspace builds it)", p.display());
-    p
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = std::env::current_exe().unwrap();
+            let profile_dir = exe.parent().and_then(Path::parent).expect("<target>/<profile>/deps/<test>");
+            let target = profile_dir.parent().expect("<target>/<profile>");
+            let profile = match profile_dir.file_name().and_then(|n| n.to_str()).expect("profile dir") {
+                "debug" => "dev".to_string(),
+                other => other.to_string(),
+            };
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let st = Command::new(cargo)
+                .args(["build", "--locked", "-p", "pwfs-preload", "--lib", "--profile", &profile, "--target-dir"])
+                .arg(target)
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .status()
+                .unwrap();
+            assert!(st.success(), "cargo build -p pwfs-preload failed");
+            let p = profile_dir.join("libpwfs_preload.so");
+            assert!(p.exists(), "no {}", p.display());
+            p
+        })
+        .clone()
 }
 
 /// This binary again, with the shim, playing `role` with `args`.
@@ -116,6 +138,7 @@ fn role() {
             }
         }
         "fork" => role_fork(path),
+        "mmap" => role_mmap(path),
         "loop" => role_loop(path),
         "sync" => {
             std::fs::write(path, pattern(100_000, 9)).unwrap();
@@ -166,6 +189,43 @@ fn role_write(path: &Path) {
         assert_eq!(*libc::__errno_location(), libc::EINVAL);
     }
     f.sync_all().unwrap();
+}
+
+/// A file grown through the shim (ftruncate, then a write past the end) is mapped and
+/// touched at its new end through the kernel, which must know the new size (a page
+/// fault past the size it caches is SIGBUS), and what the mapping stores is what the
+/// shim reads.
+fn role_mmap(path: &Path) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path).unwrap();
+    // The kernel looks at the file first (so it caches its size, 0).
+    assert_eq!(std::fs::metadata(path).unwrap().len(), 0);
+    f.set_len(64 << 10).unwrap();
+    f.write_all_at(b"tail", (128 << 10) - 4).unwrap();
+    // SAFETY: a shared mapping of our own file, 128 KiB long, used and unmapped here.
+    unsafe {
+        let len = 128 << 10;
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        let b = p as *mut u8;
+        assert_eq!(std::slice::from_raw_parts(b.add(len - 4), 4), b"tail");
+        *b.add(len - 8) = b'M';
+        *b.add(70_000) = b'Z';
+        assert_eq!(libc::msync(p, len, libc::MS_SYNC), 0);
+        assert_eq!(libc::munmap(p, len), 0);
+    }
+    let mut back = [0u8; 1];
+    f.read_exact_at(&mut back, 70_000).unwrap();
+    assert_eq!(&back, b"Z");
+    f.read_exact_at(&mut back, (128 << 10) - 8).unwrap();
+    assert_eq!(&back, b"M");
 }
 
 /// A 64-byte record: tag, index, filler, newline.
@@ -337,6 +397,21 @@ fn fork_dup2_exec_share_the_position_and_close_on_exec_closes() {
     let out = run_shim("fork", &[f.to_str().unwrap()]);
     assert!(value(&out, "carried") > 0, "{out}");
     assert_eq!(std::fs::read(&f).unwrap(), b"ABCDEG");
+}
+
+#[test]
+fn a_mapping_of_a_file_grown_through_the_shim_reaches_its_new_end() {
+    let _s = serial();
+    if !can_mount() {
+        return;
+    }
+    let m = mount("mmap");
+    let f = m.mp.join("f");
+    let out = run_shim("mmap", &[f.to_str().unwrap()]);
+    assert!(value(&out, "carried") > 0, "{out}");
+    let data = std::fs::read(&f).unwrap();
+    assert_eq!(data.len(), 128 << 10);
+    assert_eq!((data[70_000], data[(128 << 10) - 8], &data[(128 << 10) - 4..]), (b'Z', b'M', &b"tail"[..]));
 }
 
 #[test]

@@ -21,7 +21,9 @@
 //! answers in the reply fields and stores [`DONE`]. Either side sleeps on `state` with
 //! a futex when it has spun long enough, after raising its `*_waits` flag; the other
 //! side wakes it when it sees the flag after its store (both sequentially consistent,
-//! so no wake-up is lost). [`CLOSED`] ends the channel, from either side.
+//! so no wake-up is lost). [`CLOSED`] ends the channel, from either side. With its
+//! answer the daemon leaves its own time for the request (ns) in `c`, from which the
+//! client judges how long to spin next time.
 
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 

@@ -478,12 +478,14 @@ fn serve(shared: &Shared, s: &Session, ch: Arc<Channel>) {
     shared.channels.fetch_add(1, Ordering::Relaxed);
     let h = ch.header();
     while wait_request(shared, s, h) {
+        let start = proto::now_ns();
         let (result, r1) = match answer(shared, s, &ch) {
             Ok(v) => v,
             Err(e) => (-(e as i64), 0),
         };
         h.result.store(result, Ordering::Relaxed);
         h.r1.store(r1, Ordering::Relaxed);
+        h.c.store(proto::now_ns() - start, Ordering::Relaxed);
         shared.requests.fetch_add(1, Ordering::Relaxed);
         // CLOSED by the session's end stays CLOSED.
         if h.state.compare_exchange(REQUEST, DONE, Ordering::SeqCst, Ordering::SeqCst).is_err() {
