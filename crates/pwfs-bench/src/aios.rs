@@ -97,7 +97,32 @@ enum Col {
 const READ_COLS: [Col; 6] = [Col::Sync, Col::Async, Col::AsyncPoll, Col::Raw, Col::Ext4Direct, Col::Ext4Cold];
 const FSYNC_COLS: [Col; 4] = [Col::Sync, Col::Async, Col::AsyncPoll, Col::Ext4];
 const PWFS_COLS: [Col; 3] = [Col::Sync, Col::Async, Col::AsyncPoll];
-const APPS_COLS: [Col; 4] = [Col::Sync, Col::Async, Col::AsyncPoll, Col::Ext4];
+/// Part (d)'s columns: a pwfs column through the FUSE mount or with its programs under
+/// the LD_PRELOAD shim, or ext4.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct AppsCol {
+    col: Col,
+    shim: bool,
+}
+
+impl AppsCol {
+    const fn fuse(col: Col) -> AppsCol {
+        AppsCol { col, shim: false }
+    }
+
+    fn name(self) -> &'static str {
+        match (self.col, self.shim) {
+            (Col::Sync, true) => "sync+shim",
+            (Col::Async, true) => "async+shim",
+            (Col::AsyncPoll, true) => "async+poll+shim",
+            (c, _) => c.name(),
+        }
+    }
+}
+
+const APPS_FUSE_COLS: [AppsCol; 4] =
+    [AppsCol::fuse(Col::Sync), AppsCol::fuse(Col::Async), AppsCol::fuse(Col::AsyncPoll), AppsCol::fuse(Col::Ext4)];
+const APPS_SHIM_COLS: [AppsCol; 2] = [AppsCol { col: Col::Sync, shim: true }, AppsCol { col: Col::Async, shim: true }];
 /// Columns reading one file share its offsets out: at most this many per file (the
 /// image: three mounts and the raw device).
 const SHARES: u64 = 4;
@@ -613,11 +638,13 @@ impl AppsSizes {
     }
 }
 
-/// Where part (d)'s databases go: the root of a FUSE mount (default kernel cache mode)
-/// of a fresh `Fs` over the image, or the kernel's directory beside it.
+/// Where part (d)'s databases go: the root of a FUSE mount (default kernel cache mode,
+/// the shim served) of a fresh `Fs` over the image, or the kernel's directory beside it.
 fn apps_place(b: &Bench, col: Col, mnt: &Path, kdir: &Path) -> R<Place> {
     match col.config() {
-        Some(config) => Place::fuse(&b.image, config, mnt, &Default::default()),
+        Some(config) => {
+            Place::fuse(&b.image, config, mnt, &pwfs_fuse::MountOptions { shim: true, ..Default::default() })
+        }
         None => Place::dir(kdir),
     }
 }
@@ -637,18 +664,26 @@ struct AppsAcc {
 /// directory, its caches dropped first); the file system unmounted, the kernel's
 /// caches dropped, and readrandom on a fresh mount (cold), then again (warm). The
 /// databases and the mount point are gone afterwards.
-fn apps_cell(b: &Bench, col: Col, s: AppsSizes, seed: u64, dirs: (&Path, &Path), acc: &mut AppsAcc) -> R<()> {
+fn apps_cell(
+    b: &Bench,
+    col: Col,
+    preload: Option<&Path>,
+    s: AppsSizes,
+    seed: u64,
+    dirs: (&Path, &Path),
+    acc: &mut AppsAcc,
+) -> R<()> {
     let (mnt, kdir) = dirs;
     let num = |n: usize| format!("--num={n}");
     drop_caches()?;
     let place = apps_place(b, col, mnt, kdir)?;
     let (db, db_sync) = (place.dir.join("db"), place.dir.join("db-sync"));
-    let filled = db_bench(&db_sync, "fillsync", seed, &[num(s.syncs)], None)
+    let filled = db_bench(&db_sync, "fillsync", seed, &[num(s.syncs)], preload)
         .and_then(|v| {
             acc.fillsync.push(v);
             std::fs::remove_dir_all(&db_sync).map_err(err("remove the fillsync db"))
         })
-        .and_then(|_| db_bench(&db, "fillseq", seed, &[num(s.fill)], None))
+        .and_then(|_| db_bench(&db, "fillseq", seed, &[num(s.fill)], preload))
         .map(|v| {
             acc.fillseq.push(v);
             acc.sst_bytes = acc.sst_bytes.max(sst_bytes(&db));
@@ -665,8 +700,8 @@ fn apps_cell(b: &Bench, col: Col, s: AppsSizes, seed: u64, dirs: (&Path, &Path),
     let place = apps_place(b, col, mnt, kdir)?;
     let db = place.dir.join("db");
     let read = [num(s.fill), format!("--reads={}", s.reads), "--use_existing_db=1".into()];
-    let cold = db_bench(&db, "readrandom", seed, &read, None);
-    let warm = cold.as_ref().map_err(|e| e.clone()).and_then(|_| db_bench(&db, "readrandom", seed, &read, None));
+    let cold = db_bench(&db, "readrandom", seed, &read, preload);
+    let warm = cold.as_ref().map_err(|e| e.clone()).and_then(|_| db_bench(&db, "readrandom", seed, &read, preload));
     let removed = std::fs::remove_dir_all(&db).map_err(err("remove the db"));
     let closed = place.close();
     acc.cold.push(cold?);
@@ -838,17 +873,41 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
         }
     }
     // (d) db_bench through a FUSE mount.
-    let mut d: HashMap<Col, AppsAcc> = HashMap::new();
+    let mut d: HashMap<AppsCol, AppsAcc> = HashMap::new();
+    let mut apps_cols = APPS_FUSE_COLS.to_vec();
+    let preload = if do_apps {
+        let lib = crate::apps::locate(
+            crate::apps::PRELOAD_ENV,
+            crate::apps::PRELOAD_LIB,
+            "cargo build --release -p pwfs-preload",
+        )
+        .and_then(|l| crate::apps::probe_preload(&l));
+        match lib {
+            Ok(lib) => {
+                notes.push(format!("(d) shim columns: db_bench under LD_PRELOAD={}", lib.display()));
+                apps_cols.extend(APPS_SHIM_COLS);
+                Some(lib)
+            }
+            Err(why) => {
+                notes.push(format!("(d) shim columns skipped: {why}"));
+                None
+            }
+        }
+    } else {
+        None
+    };
     if do_apps {
         let (mnt, kdir) = (o.dir.join("aios-apps-mnt"), o.dir.join("aios-apps-ext4"));
         let _ = std::fs::remove_dir_all(&kdir);
         for round in 0..rounds {
             progress(&format!("(d) db_bench fillsync, fillseq, readrandom cold, round {}", round + 1));
-            let mut cols = APPS_COLS;
-            cols.rotate_left(round % APPS_COLS.len());
-            for col in cols {
-                let acc = d.entry(col).or_default();
-                apps_cell(&b, col, apps, o.seed, (&mnt, &kdir), acc).map_err(|e| format!("(d) {}: {e}", col.name()))?;
+            let mut cols = apps_cols.clone();
+            cols.rotate_left(round % apps_cols.len());
+            for ac in cols {
+                let acc = d.entry(ac).or_default();
+                let lib = if ac.shim { preload.as_deref() } else { None };
+                apps_cell(&b, ac.col, lib, apps, o.seed, (&mnt, &kdir), acc)
+                    .map_err(|e| format!("(d) {}: {e}", ac.name()))?;
             }
         }
         let _ = std::fs::remove_dir_all(&kdir);
@@ -865,6 +924,10 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
     if do_fsync || do_apps {
         columns.push(Col::Ext4);
     }
+    let mut column_names: Vec<String> = columns.iter().map(|c| c.name().to_string()).collect();
+    if do_apps {
+        column_names.extend(apps_cols.iter().filter(|c| c.shim).map(|c| c.name().to_string()));
+    }
     let mut r = Report {
         title: format!(
             "pwfs bench aios: {} MiB file, pwfs cache {} MiB (a fresh mount per cell), {a_n} reads per size per column, \
@@ -878,7 +941,7 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
                 String::new()
             }
         ),
-        columns: columns.iter().map(|c| c.name().to_string()).collect(),
+        columns: column_names,
         ratio_bases: vec![Col::Sync.name().into()],
         device: Some(device),
         notes,
@@ -1001,7 +1064,7 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
             [("fillsync", |a| &a.fillsync), ("fillseq", |a| &a.fillseq), ("readrandom cold", |a| &a.cold)];
         for (what, get) in rows {
             let cells: Vec<(&str, f64)> =
-                APPS_COLS.iter().map(|col| (col.name(), median(get(&d[col]).clone()))).collect();
+                apps_cols.iter().map(|col| (col.name(), median(get(&d[col]).clone()))).collect();
             r.row(&format!("(d) db_bench {what}"), "ops/s", false, &cells);
         }
         // The share of cold lookups that find their block in no cache: one 4 KiB block
@@ -1013,8 +1076,9 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
              --num={} (16 B keys, 100 B values; {:.0} MiB of SSTs), then the file system unmounted (ext4: synced), \
              the kernel's caches dropped (echo 3 > /proc/sys/vm/drop_caches) and a fresh mount (an empty engine \
              cache) running readrandom --reads={} --use_existing_db=1 (about {:.0}% of the lookups read a block no \
-             earlier one did); pwfs through a FUSE mount of the image (kernel cache write-through), ext4 a \
-             directory beside it; common flags: {}",
+             earlier one did); pwfs through a FUSE mount of the image (kernel cache write-through) or, in the \
+             +shim columns, the same mount with db_bench under the LD_PRELOAD shim; ext4 a directory beside it; \
+             common flags: {}",
             apps.syncs,
             apps.fill,
             blocks * PAGE as f64 / MIB as f64,
@@ -1023,7 +1087,7 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
             db_bench_flags(o.seed).join(" ")
         ));
         let warm: Vec<String> =
-            APPS_COLS.iter().map(|col| format!("{} {:.0}", col.name(), median(d[col].warm.clone()))).collect();
+            apps_cols.iter().map(|col| format!("{} {:.0}", col.name(), median(d[col].warm.clone()))).collect();
         r.notes.push(format!(
             "(d) readrandom warm, for comparison (the same lookups again right after the cold run, on the same \
              mount: the kernel's page cache holds their blocks): {} ops/s",

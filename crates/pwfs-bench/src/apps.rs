@@ -53,8 +53,8 @@ const PWFS_H: &str = include_str!("../../pwfs-capi/include/pwfs.h");
 
 /// The shim and the C ABI library: the environment variable that names one, and its
 /// file name beside the running executable.
-const PRELOAD_ENV: &str = "PWFS_PRELOAD";
-const PRELOAD_LIB: &str = "libpwfs_preload.so";
+pub(crate) const PRELOAD_ENV: &str = "PWFS_PRELOAD";
+pub(crate) const PRELOAD_LIB: &str = "libpwfs_preload.so";
 const CAPI_ENV: &str = "PWFS_CAPI";
 const CAPI_LIB: &str = "libpwfs.so";
 
@@ -249,7 +249,7 @@ fn write_file(path: &Path, mib: u64) -> R<()> {
 
 /// The library named by `$var`, or `file` beside the running executable (or one
 /// directory up, when that is a test's `deps/`); why not otherwise.
-fn locate(var: &str, file: &str, build: &str) -> R<PathBuf> {
+pub(crate) fn locate(var: &str, file: &str, build: &str) -> R<PathBuf> {
     if let Some(p) = std::env::var_os(var) {
         let p = PathBuf::from(p);
         return if p.is_file() { Ok(p) } else { Err(format!("{var}={}: no such file", p.display())) };
@@ -268,7 +268,7 @@ fn locate(var: &str, file: &str, build: &str) -> R<PathBuf> {
 
 /// The shim, if a program run under it has it mapped (ld.so only warns, and runs the
 /// program without it, when a preloaded library cannot be loaded).
-fn probe_preload(lib: &Path) -> R<PathBuf> {
+pub(crate) fn probe_preload(lib: &Path) -> R<PathBuf> {
     let lib = lib.canonicalize().map_err(err("canonicalize"))?;
     let out = command("cat", Some(&lib)).arg("/proc/self/maps").output().map_err(err("cat /proc/self/maps"))?;
     let maps = String::from_utf8_lossy(&out.stdout);
