@@ -152,6 +152,13 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
             None
         }
     };
+    // The shim needs the kernel to take file sizes from the engine, which its write-back
+    // cache does not (it keeps its own): no shim in that mode.
+    let write_back = o.kernel_cache == Some(pwfs_fuse::KernelCache::WriteBack);
+    let shim_on = o.shim.unwrap_or(true) && !write_back;
+    if write_back && o.shim == Some(true) {
+        out += "pwfs: warning: no shim with --kernel-cache write-back (the kernel keeps its own file sizes)\n";
+    }
     // The source in /proc/mounts: the image, by its full path, unless fsname= says.
     let source = o
         .fsname
@@ -164,7 +171,7 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
         suid: o.suid,
         dev: o.dev,
         threads: o.threads,
-        shim: o.shim.unwrap_or(true),
+        shim: shim_on,
         // The mount says what the engine does: noatime unless access times are on, then
         // relatime (strictatime is kept as asked, and served by the relatime rule).
         flags: if atime {
@@ -177,7 +184,7 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
         .map_err(|e| format!("mount at {}: {e}", mountpoint.display()))?;
     let unmounter = mounted.unmounter();
     // The shim's socket, once the mount is there (its files' device is the mount's).
-    if o.shim.unwrap_or(true) {
+    if shim_on {
         let view = mounted.view();
         let started = std::fs::metadata(mountpoint).map(|m| m.dev()).and_then(|dev| {
             pwfs_shim::server::Server::start(

@@ -139,6 +139,7 @@ fn role() {
         }
         "fork" => role_fork(path),
         "mmap" => role_mmap(path),
+        "shared-writers" => role_shared_writers(path),
         "loop" => role_loop(path),
         "sync" => {
             std::fs::write(path, pattern(100_000, 9)).unwrap();
@@ -226,6 +227,46 @@ fn role_mmap(path: &Path) {
     assert_eq!(&back, b"Z");
     f.read_exact_at(&mut back, (128 << 10) - 8).unwrap();
     assert_eq!(&back, b"M");
+}
+
+/// Two forked children and two threads write records through one inherited
+/// descriptor (no O_APPEND, as `make -j > log`): the shared file position must hand
+/// every write its own place.
+fn role_shared_writers(path: &Path) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(path).unwrap();
+    let fd = f.as_raw_fd();
+    let write = |tag: u8| {
+        for i in 0..400 {
+            let r = record(tag, i);
+            // SAFETY: write(2) of a live buffer to our descriptor.
+            assert_eq!(unsafe { libc::write(fd, r.as_ptr() as *const libc::c_void, r.len()) }, 64);
+        }
+    };
+    // Two threads while the description is still this process's own (the shim moves
+    // the position, under its lock), then two children sharing it (the kernel does).
+    std::thread::scope(|s| {
+        s.spawn(|| write(b'r'));
+        s.spawn(|| write(b's'));
+    });
+    let mut kids = Vec::new();
+    for tag in [b'p', b'q'] {
+        // SAFETY: fork; the child writes and exits without returning.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            write(tag);
+            // SAFETY: leaving the child.
+            unsafe { libc::_exit(0) };
+        }
+        kids.push(pid);
+    }
+    for pid in kids {
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+    }
 }
 
 /// A 64-byte record: tag, index, filler, newline.
@@ -384,6 +425,25 @@ fn o_append_writers_through_the_shim_and_the_mount_lose_no_record() {
         next[t] += 1;
     }
     assert_eq!(next, [N; 3]);
+}
+
+#[test]
+fn writers_sharing_one_position_never_overwrite_each_other() {
+    let _s = serial();
+    if !can_mount() {
+        return;
+    }
+    let m = mount("shared-pos");
+    let f = m.mp.join("log");
+    run_shim("shared-writers", &[f.to_str().unwrap()]);
+    let data = std::fs::read(&f).unwrap();
+    assert_eq!(data.len(), 4 * 400 * 64, "writes through a shared position overwrote each other");
+    let mut next = [0usize; 4];
+    for r in data.chunks(64) {
+        let t = b"pqrs".iter().position(|t| *t == r[0]).expect("a torn record");
+        assert_eq!(r, &record(r[0], next[t])[..]);
+        next[t] += 1;
+    }
 }
 
 #[test]

@@ -147,44 +147,76 @@ struct PwFuse {
 /// progress. Inactive (no cost) when the mount has no shim.
 pub struct KernelView {
     active: bool,
-    shards: Box<[std::sync::Mutex<std::collections::HashSet<u64>>]>,
+    shards: Box<[std::sync::Mutex<Shard>]>,
+    /// Wakes `changed` calls waiting for an invalidation of their inode in flight.
+    settled: std::sync::Condvar,
+    /// Bumped when an invalidation found no inode in the kernel (an entry reply for it
+    /// may be on its way with what the change made stale): `hand_out` re-checks.
+    missed: std::sync::atomic::AtomicU64,
     notifier: Arc<OnceLock<fuser::Notifier>>,
+}
+
+#[derive(Default)]
+struct Shard {
+    /// Inodes the kernel may hold something of.
+    cached: std::collections::HashSet<u64>,
+    /// Inodes being invalidated now.
+    inflight: std::collections::HashSet<u64>,
 }
 
 impl KernelView {
     fn new(active: bool, notifier: Arc<OnceLock<fuser::Notifier>>) -> KernelView {
         let shards = (0..64).map(|_| Default::default()).collect();
-        KernelView { active, shards, notifier }
+        KernelView {
+            active,
+            shards,
+            settled: std::sync::Condvar::new(),
+            missed: std::sync::atomic::AtomicU64::new(0),
+            notifier,
+        }
     }
 
-    fn shard(&self, ino: u64) -> std::sync::MutexGuard<'_, std::collections::HashSet<u64>> {
+    fn shard(&self, ino: u64) -> std::sync::MutexGuard<'_, Shard> {
         self.shards[(ino % self.shards.len() as u64) as usize].lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The kernel is about to receive attributes or pages of `ino`.
     fn touch(&self, ino: u64) {
         if self.active {
-            self.shard(ino).insert(ino);
+            self.shard(ino).cached.insert(ino);
         }
     }
 
     /// The kernel forgot `ino`.
     fn forget(&self, ino: u64) {
         if self.active {
-            self.shard(ino).remove(&ino);
+            self.shard(ino).cached.remove(&ino);
         }
     }
 
     /// `ino` changed behind the kernel's back: drop what it holds of it (attributes
     /// and every cached page). Synchronous: when it returns, a stat or read through
-    /// the kernel sees the change. Must not be called from a FUSE request of `ino`.
+    /// the kernel sees the change, also when another change's invalidation of the
+    /// same inode was in flight (it is waited for). Must not be called from a FUSE
+    /// request of `ino`.
     pub fn changed(&self, ino: u64) {
-        if !self.shard(ino).remove(&ino) {
+        let mut sh = self.shard(ino);
+        while sh.inflight.contains(&ino) {
+            sh = self.settled.wait(sh).unwrap_or_else(|e| e.into_inner());
+        }
+        if !sh.cached.remove(&ino) {
             return;
         }
+        sh.inflight.insert(ino);
+        drop(sh);
         if let Some(n) = self.notifier.get() {
-            let _ = n.inval_inode(INodeNo(ino), 0, 0);
+            if n.inval_inode(INodeNo(ino), 0, 0).is_err() {
+                // Not in the kernel (yet): a reply creating it may carry stale figures.
+                self.missed.fetch_add(1, Ordering::SeqCst);
+            }
         }
+        self.shard(ino).inflight.remove(&ino);
+        self.settled.notify_all();
     }
 }
 
@@ -200,13 +232,32 @@ impl PwFuse {
         self.fs.getattr(m.ino).unwrap_or(m)
     }
 
+    /// The number of invalidations that found no inode so far (see `recheck`).
+    fn missed(&self) -> u64 {
+        self.view.missed.load(Ordering::SeqCst)
+    }
+
+    /// After an entry reply for `ino` (which may have created the kernel's inode): if an
+    /// invalidation found no inode in the kernel since `before`, it may have been this
+    /// one, changed between the reply's read and its arrival; drop it again now that
+    /// the kernel has it. (After the reply: the kernel holds no lock of the request.)
+    fn recheck(&self, ino: u64, before: u64) {
+        if self.view.active && self.missed() != before {
+            if let Some(n) = self.notifier.get() {
+                let _ = n.inval_inode(INodeNo(ino), -1, 0);
+            }
+        }
+    }
+
     /// Reply with an entry and count the kernel's new reference to it.
     fn entry(&self, reply: ReplyEntry, r: pwfs::Result<Metadata>) {
         match r {
             Ok(m) => {
                 self.remember(m.ino);
+                let before = self.missed();
                 let m = self.fresh(m);
-                reply.entry(&TTL, &attr(&m), Generation(m.generation as u64))
+                reply.entry(&TTL, &attr(&m), Generation(m.generation as u64));
+                self.recheck(m.ino, before);
             }
             Err(e) => reply.error(errno(e)),
         }
@@ -248,6 +299,7 @@ impl PwFuse {
                 if uncount {
                     self.fs.release_ino(m.ino);
                 }
+                let before = self.missed();
                 let m = self.fresh(m);
                 reply.created(
                     &TTL,
@@ -255,7 +307,8 @@ impl PwFuse {
                     Generation(m.generation as u64),
                     FileHandle(0),
                     self.open_flags(flags, true),
-                )
+                );
+                self.recheck(m.ino, before);
             }
             Err(e) => reply.error(errno(e)),
         }
@@ -717,7 +770,9 @@ impl Filesystem for PwFuse {
                 reply.written(data.len() as u32);
                 if at != offset {
                     if let Some(n) = self.notifier.get().cloned() {
-                        std::thread::spawn(move || n.inval_inode(ino, 0, 0));
+                        let _ = std::thread::Builder::new()
+                            .name("pwfs-inval".into())
+                            .spawn(move || n.inval_inode(ino, 0, 0));
                     }
                 }
             }
@@ -728,7 +783,12 @@ impl Filesystem for PwFuse {
     /// Every close(2) of a handle: reports a write to this file that was lost after it
     /// returned (non-blocking writes, whose page then could not be read). It costs one
     /// round trip per close and waits for no I/O.
-    fn flush(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _lock_owner: fuser::LockOwner, reply: ReplyEmpty) {
+    fn flush(&self, req: &Request, ino: INodeNo, _fh: FileHandle, _lock_owner: fuser::LockOwner, reply: ReplyEmpty) {
+        // This process's own closes (the shim's daemon side drops the descriptor a
+        // client registered) report nothing: the report is the client's, at its close.
+        if req.pid() == std::process::id() {
+            return reply.ok();
+        }
         empty(reply, self.fs.flush(ino.0))
     }
 
@@ -818,6 +878,8 @@ impl Filesystem for PwFuse {
     /// when it expects lookups of the entries to follow, as `ls -l` and `find` do).
     /// Each entry but "." and ".." is a lookup the kernel will forget.
     fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let before = self.missed();
+        let mut handed = Vec::new();
         match self.fs.readdir(ino.0, offset, 256) {
             Ok(entries) => {
                 for e in entries {
@@ -826,6 +888,7 @@ impl Filesystem for PwFuse {
                     // another file meanwhile is not given that file's attributes.
                     let Ok(md) = self.fs.lookup(ino.0, &e.name) else { continue };
                     let md = self.fresh(md);
+                    handed.push(md.ino);
                     let dot = e.name == b"." || e.name == b"..";
                     let full = reply.add(
                         INodeNo(md.ino),
@@ -843,6 +906,9 @@ impl Filesystem for PwFuse {
                     }
                 }
                 reply.ok();
+                for ino in handed {
+                    self.recheck(ino, before);
+                }
             }
             Err(e) => reply.error(errno(e)),
         }

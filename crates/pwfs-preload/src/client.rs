@@ -105,31 +105,103 @@ static GONE: [AtomicBool; MAX_MOUNTS] = [const { AtomicBool::new(false) }; MAX_M
 
 // ---- the descriptor table ----------------------------------------------------
 
-/// 0: not looked at yet; NOT_OURS; or OURS | generation << 40 | mount << 32 | handle.
+/// 0: not looked at yet; NOT_OURS; OPENED_HERE | generation << 40 (opened by this
+/// process, not registered yet); or OURS [| PRIVATE] [| APPEND] | generation << 40 |
+/// mount << 32 | handle.
 static FDS: [AtomicU64; MAX_FDS] = [const { AtomicU64::new(0) }; MAX_FDS];
 const UNKNOWN: u64 = 0;
 const NOT_OURS: u64 = 1;
 const OURS: u64 = 1 << 63;
+/// The open file description is this descriptor's alone: opened by this process
+/// through the open family, and not dup'ed, inherited over a fork or an exec since.
+/// Only then does the shim move its file position itself (under `POS_LOCKS`); a shared
+/// one's positioned reads and writes go to the kernel, which serialises them.
+const PRIVATE: u64 = 1 << 62;
+/// Opened with O_APPEND: a write goes to the end whatever the position.
+const APPEND: u64 = 1 << 61;
+const OPENED_HERE: u64 = 1 << 60;
+/// One past the highest descriptor the table has an entry for (bounds the scans).
+static HIGH_FD: AtomicUsize = AtomicUsize::new(0);
+/// Serialise the positioned calls of one private descriptor among this process's threads.
+static POS_LOCKS: [AtomicBool; MAX_FDS] = [const { AtomicBool::new(false) }; MAX_FDS];
 
-fn entry(gen: u32, mount: usize, handle: u32) -> u64 {
-    OURS | ((gen as u64 & 0xffff) << 40) | ((mount as u64) << 32) | handle as u64
+fn gen_bits() -> u64 {
+    (FORK_GEN.load(Ordering::Relaxed) as u64 & 0xffff) << 40
+}
+
+fn entry(mount: usize, handle: u32, private: bool, append: bool) -> u64 {
+    let flags = if private { PRIVATE } else { 0 } | if append { APPEND } else { 0 };
+    OURS | flags | gen_bits() | ((mount as u64) << 32) | handle as u64
 }
 
 fn slot(fd: i32) -> Option<&'static AtomicU64> {
     FDS.get(usize::try_from(fd).ok()?)
 }
 
-/// A carried descriptor: its mount and handle.
+/// A carried descriptor: its mount and handle, whether its description is private
+/// to it and whether it appends.
 #[derive(Debug, Clone, Copy)]
 pub struct Ours {
     pub mount: usize,
     pub handle: u32,
+    pub private: bool,
+    pub append: bool,
 }
 
 fn decode(e: u64) -> Option<Ours> {
-    let gen = FORK_GEN.load(Ordering::Relaxed) as u64 & 0xffff;
-    (e & OURS != 0 && (e >> 40) & 0xffff == gen)
-        .then_some(Ours { mount: ((e >> 32) & 0xff) as usize, handle: e as u32 })
+    (e & OURS != 0 && e & (0xffff << 40) == gen_bits()).then_some(Ours {
+        mount: ((e >> 32) & 0xff) as usize,
+        handle: e as u32,
+        private: e & PRIVATE != 0,
+        append: e & APPEND != 0,
+    })
+}
+
+fn note_high(fd: usize) {
+    HIGH_FD.fetch_max(fd + 1, Ordering::Relaxed);
+}
+
+/// `fd` was just opened by this process (the open family): its description is its own.
+pub fn opened(fd: i32) {
+    forget(fd);
+    if let Some(s) = slot(fd) {
+        note_high(fd as usize);
+        s.store(OPENED_HERE | gen_bits(), Ordering::Release);
+    }
+}
+
+/// `fd`'s description is now shared (dup'ed; about to be inherited): its position is
+/// the kernel's to move from now on.
+pub fn shared(fd: i32) {
+    if let Some(s) = slot(fd) {
+        let _ = s.fetch_update(Ordering::AcqRel, Ordering::Acquire, |e| {
+            (e & (PRIVATE | OPENED_HERE) != 0).then_some(if e & OURS != 0 { e & !PRIVATE } else { UNKNOWN })
+        });
+    }
+}
+
+/// Every description is shared from now on (a fork, a spawn, an exec).
+pub fn all_shared() {
+    let high = HIGH_FD.load(Ordering::Relaxed).min(MAX_FDS);
+    for fd in 0..high {
+        shared(fd as i32);
+    }
+}
+
+/// Hold the position lock of a private descriptor while `f` runs.
+pub fn with_position<T>(fd: i32, f: impl FnOnce() -> T) -> T {
+    let l = &POS_LOCKS[fd as usize];
+    while l.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+        std::thread::yield_now();
+    }
+    struct Unlock<'a>(&'a AtomicBool);
+    impl Drop for Unlock<'_> {
+        fn drop(&mut self) {
+            self.0.store(false, Ordering::Release);
+        }
+    }
+    let _u = Unlock(l);
+    f()
 }
 
 /// Forget what the table says of `fd`, which is being closed or replaced: its handle
@@ -150,6 +222,15 @@ pub fn close(fd: i32) -> Option<i32> {
     match request(o, Op::Close, 0, 0, 0, |_| 0, |_, _, _| ()) {
         Err(Fail::Errno(e)) => Some(e),
         _ => Some(0),
+    }
+}
+
+/// Carry nothing more of `fd` (a shared writable mapping of it: the kernel's pages are
+/// written back behind the shim's writes, so all its I/O goes through the kernel).
+pub fn stop_carrying(fd: i32) {
+    forget(fd);
+    if let Some(s) = slot(fd) {
+        s.store(NOT_OURS, Ordering::Release);
     }
 }
 
@@ -181,21 +262,23 @@ pub fn classify(fd: i32) -> Option<Ours> {
     if let Some(o) = decode(e) {
         return (!GONE[o.mount].load(Ordering::Relaxed)).then_some(o);
     }
+    let private = e & OPENED_HERE != 0 && e & (0xffff << 40) == gen_bits();
     let st = fstat_raw(fd)?;
     let found = if st.st_mode & libc::S_IFMT == libc::S_IFREG { mount_of(st.st_dev) } else { None };
     let Some(mount) = found else {
         let _ = s.compare_exchange(e, NOT_OURS, Ordering::AcqRel, Ordering::Relaxed);
         return None;
     };
-    let handle = match LOCK.with(|st| register(st, mount, fd)) {
+    let (handle, append) = match LOCK.with(|st| register(st, mount, fd)) {
         Ok(h) => h,
         Err(_) => {
             let _ = s.compare_exchange(e, NOT_OURS, Ordering::AcqRel, Ordering::Relaxed);
             return None;
         }
     };
-    let o = Ours { mount, handle };
-    let new = entry(FORK_GEN.load(Ordering::Relaxed), mount, handle);
+    let o = Ours { mount, handle, private, append };
+    note_high(fd as usize);
+    let new = entry(mount, handle, private, append);
     if s.compare_exchange(e, new, Ordering::AcqRel, Ordering::Acquire).is_err() {
         // Another thread got there first (or the descriptor was closed meanwhile).
         let _ = request(o, Op::Release, 0, 0, 0, |_| 0, |_, _, _| ());
@@ -290,9 +373,7 @@ fn session(st: &State, m: usize) -> R<i32> {
         return Ok(sock);
     }
     if sock >= 0 {
-        // The parent's, inherited over a fork: ours to close, not to use.
-        // SAFETY: closing a descriptor this process holds.
-        unsafe { real::close(sock) };
+        // An older generation's (the fork handler closes those): not ours to use.
         SOCKS[m].store(-1, Ordering::Relaxed);
     }
     if GONE[m].load(Ordering::Relaxed) {
@@ -317,6 +398,53 @@ fn session(st: &State, m: usize) -> R<i32> {
     Ok(sock)
 }
 
+/// Whether `fd` is one of the shim's own session sockets (which the program's close,
+/// close_range, closefrom, dup2 and dup3 must not take away).
+pub fn is_session_socket(fd: i32) -> bool {
+    fd >= 0 && SOCKS.iter().any(|s| s.load(Ordering::Relaxed) == fd)
+}
+
+/// The shim's session sockets now.
+pub fn session_sockets() -> Vec<i32> {
+    SOCKS.iter().map(|s| s.load(Ordering::Relaxed)).filter(|s| *s >= 0).collect()
+}
+
+/// Move a session socket off `fd` (the program wants that number): Ok if it was not
+/// one, or was moved.
+pub fn free_number(fd: i32) {
+    for s in &SOCKS {
+        if s.load(Ordering::Relaxed) == fd {
+            // SAFETY: fcntl/close of our own socket.
+            unsafe {
+                let moved = real::fcntl64(fd, libc::F_DUPFD_CLOEXEC, high_number() as libc::c_long);
+                s.store(moved, Ordering::Relaxed);
+                real::close(fd);
+            }
+        }
+    }
+}
+
+/// Where the shim puts its sockets: high, out of the way of programs that expect the
+/// lowest free numbers.
+fn high_number() -> i32 {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit into a local.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    ((lim.rlim_cur as i64 / 2).clamp(64, 1 << 15)) as i32
+}
+
+/// In the child of a fork: the parent's session sockets are the parent's; close them
+/// at once, before the program can open anything under their numbers.
+pub fn close_inherited_sockets() {
+    for s in &SOCKS {
+        let fd = s.swap(-1, Ordering::Relaxed);
+        if fd >= 0 {
+            // SAFETY: closing the child's copy of an inherited socket.
+            unsafe { real::close(fd) };
+        }
+    }
+}
+
 fn connect(path: &[u8]) -> Option<i32> {
     // SAFETY: sockaddr_un is plain data.
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
@@ -338,6 +466,11 @@ fn connect(path: &[u8]) -> Option<i32> {
             real::close(sock);
             return None;
         }
+        let high = real::fcntl64(sock, libc::F_DUPFD_CLOEXEC, high_number() as libc::c_long);
+        if high >= 0 {
+            real::close(sock);
+            return Some(high);
+        }
         Some(sock)
     }
 }
@@ -356,8 +489,8 @@ fn ask(st: &State, m: usize, msg: Msg, fd: i32) -> R<(Msg, i32)> {
     }
 }
 
-/// Register `fd` with mount `m`'s daemon: its handle.
-fn register(st: &State, m: usize, fd: i32) -> R<u32> {
+/// Register `fd` with mount `m`'s daemon: its handle, and whether it appends.
+fn register(st: &State, m: usize, fd: i32) -> R<(u32, bool)> {
     let (r, extra) = ask(st, m, Msg::new(Kind::Register, 0), fd)?;
     if extra >= 0 {
         // SAFETY: an unexpected descriptor received just now.
@@ -366,7 +499,7 @@ fn register(st: &State, m: usize, fd: i32) -> R<u32> {
     if r.status != 0 {
         return Err(Fail::Errno(r.status as i32));
     }
-    u32::try_from(r.a).map_err(|_| Fail::Kernel)
+    Ok((r.a as u32, r.b & proto::REGISTERED_APPEND != 0))
 }
 
 // ---- channels --------------------------------------------------------------
@@ -450,6 +583,8 @@ thread_local! {
     static CHANS: RefCell<[Option<Chan>; MAX_MOUNTS]> = const { RefCell::new([const { None }; MAX_MOUNTS]) };
     /// The thread is inside the shim: a call from a signal handler goes to the kernel.
     static BUSY: Cell<bool> = const { Cell::new(false) };
+    /// The shim set the program's errno during this call.
+    static ERRNO_SET: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Run `f` as the shim, unless the thread already is (then None: the kernel does it).
@@ -459,9 +594,25 @@ pub fn shim<T>(f: impl FnOnce() -> Option<T>) -> Option<T> {
     if !entered {
         return None;
     }
+    // What the shim's own calls leave in errno (a futex timeout, a failed connect) is
+    // not the program's: only `set_errno` changes what it sees.
+    // SAFETY: the thread's errno location.
+    let saved = unsafe { *libc::__errno_location() };
+    let _ = ERRNO_SET.try_with(|e| e.set(false));
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok().flatten();
+    if !ERRNO_SET.try_with(|e| e.get()).unwrap_or(false) {
+        // SAFETY: as above.
+        unsafe { *libc::__errno_location() = saved };
+    }
     let _ = BUSY.try_with(|b| b.set(false));
     r
+}
+
+/// Set the program's errno from inside the shim.
+pub fn set_errno(e: i32) {
+    // SAFETY: the thread's errno location.
+    unsafe { *libc::__errno_location() = e };
+    let _ = ERRNO_SET.try_with(|f| f.set(true));
 }
 
 /// Whether the daemon of mount `m` hung up.
@@ -473,7 +624,7 @@ fn hung_up(m: usize) -> bool {
     let mut p = libc::pollfd { fd: sock, events: libc::POLLIN | libc::POLLRDHUP, revents: 0 };
     // SAFETY: poll of one descriptor, no wait.
     let n = unsafe { libc::poll(&mut p, 1, 0) };
-    n > 0 && p.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR | libc::POLLIN) != 0
+    n > 0 && p.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR | libc::POLLNVAL) != 0
 }
 
 /// Counters of this process's requests (for tests: whether calls were carried).
@@ -587,13 +738,15 @@ pub fn dev_of(m: usize) -> u64 {
 
 /// A request on mount `m` with no handle (syncfs).
 pub fn mount_request(m: usize, op: Op) -> R<()> {
-    request(Ours { mount: m, handle: u32::MAX }, op, 0, 0, 0, |_| 0, |_, _, _| ()).map(|_| ())
+    request(Ours { mount: m, handle: u32::MAX, private: false, append: false }, op, 0, 0, 0, |_| 0, |_, _, _| ())
+        .map(|_| ())
 }
 
 /// After a fork, in the child: a new generation; the lock may have been held by a
 /// thread that does not exist here.
 pub fn after_fork_in_child() {
     FORK_GEN.fetch_add(1, Ordering::SeqCst);
+    close_inherited_sockets();
     // SAFETY: the child has one thread; whoever held the lock is not in it.
     unsafe { LOCK.raw_unlock() };
 }

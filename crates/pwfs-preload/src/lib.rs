@@ -29,7 +29,7 @@ use pwfs_shim::proto::{Op, Stat, DATA};
 const MAX_RW: usize = 0x7fff_f000;
 
 unsafe fn set_errno(e: i32) {
-    *libc::__errno_location() = e;
+    client::set_errno(e);
 }
 
 /// The C result of a carried call: the value, or -1 with errno. None: the kernel does it.
@@ -173,12 +173,17 @@ unsafe fn write_pos(fd: c_int, o: Ours, iov: &[iovec], len: usize) -> Result<usi
     Ok(n)
 }
 
-/// The carried form of every read: `off` None is at the file position.
+/// The carried form of every read: `off` None is at the file position, which the
+/// shim moves only for a descriptor whose description is its own (a shared one's
+/// position is the kernel's to serialise: those reads go to the kernel).
 unsafe fn do_read(fd: c_int, iov: *const iovec, cnt: c_int, off: Option<i64>) -> Option<ssize_t> {
     shim(|| {
         let o = classify(fd)?;
+        if off.is_none() && !o.private {
+            return None;
+        }
         let r = total(iov, cnt).and_then(|(iov, len)| match off {
-            None => read_pos(fd, o, iov, len),
+            None => client::with_position(fd, || read_pos(fd, o, iov, len)),
             Some(off) => read_at(o, iov, len, offset(off, len)?),
         });
         finish(r.map(|n| n as i64))
@@ -186,10 +191,17 @@ unsafe fn do_read(fd: c_int, iov: *const iovec, cnt: c_int, off: Option<i64>) ->
     .map(|v| v as ssize_t)
 }
 
+/// The carried form of every write: at the position as `do_read`, except that an
+/// O_APPEND descriptor's writes are carried shared or not (they go to the end, which
+/// the daemon picks atomically).
 unsafe fn do_write(fd: c_int, iov: *const iovec, cnt: c_int, off: Option<i64>) -> Option<ssize_t> {
     shim(|| {
         let o = classify(fd)?;
+        if off.is_none() && !o.private && !o.append {
+            return None;
+        }
         let r = total(iov, cnt).and_then(|(iov, len)| match off {
+            None if o.private => client::with_position(fd, || write_pos(fd, o, iov, len)),
             None => write_pos(fd, o, iov, len),
             Some(off) => {
                 let at = offset(off, len)?;
@@ -332,18 +344,27 @@ pub unsafe extern "C" fn __pread_chk(fd: c_int, buf: *mut c_void, n: size_t, off
 pub unsafe extern "C" fn lseek64(fd: c_int, off: off_t, whence: c_int) -> off_t {
     let carried = if matches!(whence, libc::SEEK_END | libc::SEEK_DATA | libc::SEEK_HOLE) {
         shim(|| {
-            let o = classify(fd)?;
-            let to = if whence == libc::SEEK_END {
-                client::stat(o)
-                    .and_then(|s| (s.size as i64).checked_add(off).filter(|n| *n >= 0).ok_or(Fail::Errno(libc::EINVAL)))
-            } else if off < 0 {
-                Err(Fail::Errno(libc::ENXIO))
-            } else {
-                request(o, Op::Seek, off as u64, 0, whence as u64, |_| 0, |_, _, _| ()).map(|(_, at)| at as i64)
+            let seek = || {
+                let o = classify(fd)?;
+                let to = if whence == libc::SEEK_END {
+                    client::stat(o).and_then(|s| {
+                        (s.size as i64).checked_add(off).filter(|n| *n >= 0).ok_or(Fail::Errno(libc::EINVAL))
+                    })
+                } else if off < 0 {
+                    Err(Fail::Errno(libc::ENXIO))
+                } else {
+                    request(o, Op::Seek, off as u64, 0, whence as u64, |_| 0, |_, _, _| ()).map(|(_, at)| at as i64)
+                };
+                match to {
+                    Ok(to) => Some(real::lseek64(fd, to, libc::SEEK_SET)),
+                    Err(e) => finish(Err(e)),
+                }
             };
-            match to {
-                Ok(to) => Some(real::lseek64(fd, to, libc::SEEK_SET)),
-                Err(e) => finish(Err(e)),
+            let o = classify(fd)?;
+            if o.private {
+                client::with_position(fd, seek)
+            } else {
+                seek()
             }
         })
     } else {
@@ -614,6 +635,15 @@ pub unsafe extern "C" fn mmap64(
 ) -> *mut c_void {
     if fd >= 0 && flags & libc::MAP_ANONYMOUS == 0 && shim(|| classify(fd)).is_some() {
         refresh_kernel_size(fd);
+        // A shared writable mapping's pages are written back by the kernel, over what
+        // the shim wrote meanwhile: this descriptor's I/O goes through the kernel from
+        // now on, coherent with the mapping.
+        if flags & libc::MAP_SHARED != 0 && prot & libc::PROT_WRITE != 0 {
+            shim(|| {
+                client::stop_carrying(fd);
+                Some(())
+            });
+        }
     }
     real::mmap64(addr, len, prot, flags, fd, off)
 }
@@ -634,6 +664,10 @@ pub unsafe extern "C" fn mmap(
 
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    // The shim's own socket stays (a program closing every descriptor it did not open).
+    if client::is_session_socket(fd) {
+        return 0;
+    }
     let report = shim(|| client::close(fd));
     let r = real::close(fd);
     match report {
@@ -645,24 +679,42 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     }
 }
 
+/// close_range(2) around the shim's own sockets.
 #[no_mangle]
 pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    if first > last {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
     if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
         shim(|| {
             client::forget_range(first, last);
             Some(())
         });
     }
-    real::close_range(first, last, flags)
+    let mut socks: Vec<c_uint> =
+        client::session_sockets().into_iter().map(|s| s as c_uint).filter(|s| (first..=last).contains(s)).collect();
+    socks.sort_unstable();
+    let mut from = first;
+    for sock in socks {
+        if sock > from {
+            let r = libc::syscall(libc::SYS_close_range, from, sock - 1, flags);
+            if r != 0 {
+                return r as c_int;
+            }
+        }
+        from = sock + 1;
+    }
+    if from > last {
+        return 0;
+    }
+    libc::syscall(libc::SYS_close_range, from, last, flags) as c_int
 }
 
+/// closefrom(3) (void in glibc), as close_range from `low`.
 #[no_mangle]
 pub unsafe extern "C" fn closefrom(low: c_int) {
-    shim(|| {
-        client::forget_range(low.max(0) as u32, u32::MAX);
-        Some(())
-    });
-    real::closefrom(low);
+    close_range(low.max(0) as c_uint, c_uint::MAX, 0);
 }
 
 #[no_mangle]
@@ -686,19 +738,49 @@ unsafe fn forget(fd: c_int) {
     }
 }
 
+/// `fd` was just opened by the program: a description of its own.
+unsafe fn opened(fd: c_int) {
+    if fd >= 0 {
+        shim(|| {
+            client::opened(fd);
+            Some(())
+        });
+    }
+}
+
+/// Before a descriptor takes `new`'s number: it is forgotten, and if it is one of the
+/// shim's sockets, the socket moves elsewhere.
+unsafe fn replacing(old: c_int, new: c_int) {
+    shim(|| {
+        client::shared(old);
+        if old != new {
+            client::free_number(new);
+            client::forget(new);
+        }
+        Some(())
+    });
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup(old: c_int) -> c_int {
+    shim(|| {
+        client::shared(old);
+        Some(())
+    });
+    let fd = real::dup(old);
+    forget(fd);
+    fd
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
-    if old != new {
-        forget(new);
-    }
+    replacing(old, new);
     real::dup2(old, new)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
-    if old != new {
-        forget(new);
-    }
+    replacing(old, new);
     real::dup3(old, new, flags)
 }
 
@@ -709,6 +791,12 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
 pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_long) -> c_int {
     if cmd == libc::F_SETFL {
         forget(fd);
+    }
+    if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
+        shim(|| {
+            client::shared(fd);
+            Some(())
+        });
     }
     let r = real::fcntl64(fd, cmd, arg);
     if (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) && r >= 0 {
@@ -727,7 +815,7 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_long) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn open64(path: *const c_char, flags: c_int, mode: mode_t) -> c_int {
     let fd = real::open64(path, flags, mode);
-    forget(fd);
+    opened(fd);
     fd
 }
 
@@ -739,7 +827,7 @@ pub unsafe extern "C" fn open(path: *const c_char, flags: c_int, mode: mode_t) -
 #[no_mangle]
 pub unsafe extern "C" fn openat64(dirfd: c_int, path: *const c_char, flags: c_int, mode: mode_t) -> c_int {
     let fd = real::openat64(dirfd, path, flags, mode);
-    forget(fd);
+    opened(fd);
     fd
 }
 
@@ -751,7 +839,7 @@ pub unsafe extern "C" fn openat(dirfd: c_int, path: *const c_char, flags: c_int,
 #[no_mangle]
 pub unsafe extern "C" fn __open64_2(path: *const c_char, flags: c_int) -> c_int {
     let fd = real::__open64_2(path, flags);
-    forget(fd);
+    opened(fd);
     fd
 }
 
@@ -763,7 +851,7 @@ pub unsafe extern "C" fn __open_2(path: *const c_char, flags: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn __openat64_2(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
     let fd = real::__openat64_2(dirfd, path, flags);
-    forget(fd);
+    opened(fd);
     fd
 }
 
@@ -775,7 +863,7 @@ pub unsafe extern "C" fn __openat_2(dirfd: c_int, path: *const c_char, flags: c_
 #[no_mangle]
 pub unsafe extern "C" fn creat64(path: *const c_char, mode: mode_t) -> c_int {
     let fd = real::creat64(path, mode);
-    forget(fd);
+    opened(fd);
     fd
 }
 
@@ -788,7 +876,7 @@ pub unsafe extern "C" fn creat(path: *const c_char, mode: mode_t) -> c_int {
 pub unsafe extern "C" fn fopen64(path: *const c_char, mode: *const c_char) -> *mut FILE {
     let f = real::fopen64(path, mode);
     if !f.is_null() {
-        forget(libc::fileno(f));
+        opened(libc::fileno(f));
     }
     f
 }
@@ -805,7 +893,7 @@ pub unsafe extern "C" fn freopen64(path: *const c_char, mode: *const c_char, old
     }
     let f = real::freopen64(path, mode, old);
     if !f.is_null() {
-        forget(libc::fileno(f));
+        opened(libc::fileno(f));
     }
     f
 }
@@ -815,10 +903,89 @@ pub unsafe extern "C" fn freopen(path: *const c_char, mode: *const c_char, old: 
     freopen64(path, mode, old)
 }
 
-// ---- fork ------------------------------------------------------------------------
+// ---- fork, exec, spawn -------------------------------------------------------------
+
+/// Before a program image or child gets this process's descriptors (exec, spawn):
+/// every description is shared from then on.
+fn sharing() {
+    shim(|| {
+        client::all_shared();
+        Some(())
+    });
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+    sharing();
+    real::execve(path, argv, envp)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
+    sharing();
+    real::execv(path, argv)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
+    sharing();
+    real::execvp(file, argv)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+    sharing();
+    real::execvpe(file, argv, envp)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int {
+    sharing();
+    real::fexecve(fd, argv, envp)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawn(
+    pid: *mut libc::pid_t,
+    path: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut c_char,
+    envp: *const *mut c_char,
+) -> c_int {
+    sharing();
+    real::posix_spawn(pid, path, actions, attr, argv, envp)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawnp(
+    pid: *mut libc::pid_t,
+    file: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut c_char,
+    envp: *const *mut c_char,
+) -> c_int {
+    sharing();
+    real::posix_spawnp(pid, file, actions, attr, argv, envp)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn system(command: *const c_char) -> c_int {
+    sharing();
+    real::system(command)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn popen(command: *const c_char, mode: *const c_char) -> *mut FILE {
+    sharing();
+    real::popen(command, mode)
+}
 
 extern "C" fn before_fork() {
     client::LOCK.raw_lock();
+    // The child inherits every description: their positions are the kernel's now.
+    client::all_shared();
 }
 
 extern "C" fn after_fork_parent() {

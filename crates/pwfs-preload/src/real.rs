@@ -62,9 +62,8 @@ real! {
     statx(dirfd: c_int, path: *const c_char, flags: c_int, mask: c_uint, st: *mut libc::statx) -> c_int;
     syncfs(fd: c_int) -> c_int;
     close(fd: c_int) -> c_int;
-    close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int;
-    closefrom(low: c_int) -> c_int;
     fclose(f: *mut FILE) -> c_int;
+    dup(old: c_int) -> c_int;
     dup2(old: c_int, new: c_int) -> c_int;
     dup3(old: c_int, new: c_int, flags: c_int) -> c_int;
     fcntl64(fd: c_int, cmd: c_int, arg: c_long) -> c_int;
@@ -73,6 +72,28 @@ real! {
     __open64_2(path: *const c_char, flags: c_int) -> c_int;
     __openat64_2(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int;
     creat64(path: *const c_char, mode: mode_t) -> c_int;
+    execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
+    execv(path: *const c_char, argv: *const *const c_char) -> c_int;
+    execvp(file: *const c_char, argv: *const *const c_char) -> c_int;
+    execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
+    fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int;
+    posix_spawn(
+        pid: *mut libc::pid_t,
+        path: *const c_char,
+        actions: *const libc::posix_spawn_file_actions_t,
+        attr: *const libc::posix_spawnattr_t,
+        argv: *const *mut c_char,
+        envp: *const *mut c_char
+    ) -> c_int;
+    posix_spawnp(
+        pid: *mut libc::pid_t,
+        file: *const c_char,
+        actions: *const libc::posix_spawn_file_actions_t,
+        attr: *const libc::posix_spawnattr_t,
+        argv: *const *mut c_char,
+        envp: *const *mut c_char
+    ) -> c_int;
+    system(command: *const c_char) -> c_int;
 }
 
 macro_rules! real_ptr {
@@ -99,6 +120,7 @@ macro_rules! real_ptr {
 }
 
 real_ptr! {
+    popen(command: *const c_char, mode: *const c_char) -> *mut FILE;
     mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void;
     fopen64(path: *const c_char, mode: *const c_char) -> *mut FILE;
     freopen64(path: *const c_char, mode: *const c_char, f: *mut FILE) -> *mut FILE;

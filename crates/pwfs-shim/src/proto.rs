@@ -7,7 +7,7 @@
 //! - [`Kind::Hello`] (`a` = [`VERSION`]): answered `status` 0, or EPROTO.
 //! - [`Kind::Register`], with an open file descriptor attached (`SCM_RIGHTS`): the
 //!   daemon checks it is a regular file of this mount, reads its access mode, and
-//!   answers a handle (`a`) and the inode number (`b`). The daemon keeps no copy of the
+//!   answers a handle (`a`) and flags (`b`: [`REGISTERED_APPEND`]). The daemon keeps no copy of the
 //!   descriptor (a kept copy would hold flock(2) locks past the client's close).
 //! - [`Kind::Channel`]: answered with a memfd attached, [`MAP_LEN`] bytes: a new
 //!   channel, served by a thread of its own in the daemon.
@@ -78,6 +78,9 @@ impl Op {
             .find(|o| *o as u32 == v)
     }
 }
+
+/// `b` of a [`Kind::Register`] answer: the descriptor appends (O_APPEND).
+pub const REGISTERED_APPEND: u64 = 1;
 
 /// `c` of [`Op::Write`]: make it durable before answering as `O_SYNC` (and with
 /// [`WRITE_DATASYNC`] as `O_DSYNC`) asks.

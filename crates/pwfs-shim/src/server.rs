@@ -22,6 +22,11 @@ use std::sync::{Arc, Weak};
 const SPIN_NS: u64 = 50_000;
 /// How often a sleeping channel thread looks whether its session is over.
 const IDLE_CHECK_MS: u64 = 500;
+/// Limits of what one client process, and all of them, may hold: each channel is a
+/// thread and 1 MiB of shared memory in this process.
+const MAX_CHANNELS: usize = 1024;
+const MAX_HANDLES: usize = 1 << 16;
+const MAX_SESSIONS: usize = 4096;
 
 /// Tells the front end that an inode changed behind the kernel's back.
 pub type Changed = Box<dyn Fn(u64) + Send + Sync>;
@@ -104,6 +109,9 @@ struct Handle {
     file: pwfs::File,
     /// `WRITE_SYNC` / `WRITE_DATASYNC` from its O_SYNC / O_DSYNC.
     sync: u64,
+    /// The file's security.capability is gone (looked for at the first change through
+    /// this handle, as the kernel drops it at a change by a writer).
+    caps_dropped: AtomicBool,
 }
 
 /// A channel's shared mapping.
@@ -120,15 +128,20 @@ unsafe impl Sync for Channel {}
 impl Channel {
     fn new() -> std::io::Result<(Channel, OwnedFd)> {
         // SAFETY: memfd_create with a static name; the result is checked.
-        let fd = unsafe { libc::memfd_create(c"pwfs-shim".as_ptr(), libc::MFD_CLOEXEC) };
+        let fd = unsafe { libc::memfd_create(c"pwfs-shim".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
         if fd < 0 {
             return Err(std::io::Error::last_os_error());
         }
         // SAFETY: fd is a fresh descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: ftruncate and mmap of our memfd; results checked.
+        // SAFETY: ftruncate, fcntl and mmap of our memfd; results checked. Sealed at its
+        // size: a client that could shrink it would make this process fault (SIGBUS)
+        // on its next look at the header.
         let map = unsafe {
-            if libc::ftruncate(fd.as_raw_fd(), MAP_LEN as libc::off_t) != 0 {
+            let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+            if libc::ftruncate(fd.as_raw_fd(), MAP_LEN as libc::off_t) != 0
+                || libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) != 0
+            {
                 return Err(std::io::Error::last_os_error());
             }
             libc::mmap(
@@ -266,6 +279,16 @@ impl Drop for Server {
             // Wakes the session's thread, which closes its channels.
             // SAFETY: shutdown of a socket the session owns.
             unsafe { libc::shutdown(s.sock.as_raw_fd(), libc::SHUT_RDWR) };
+            s.dead.store(true, Ordering::SeqCst);
+            for ch in s.channels.lock().iter() {
+                ch.close();
+            }
+        }
+        // A request being answered finishes before the engine is unmounted after this:
+        // wait (bounded) for every channel's thread to end.
+        let t = std::time::Instant::now();
+        while self.shared.channels.load(Ordering::SeqCst) > 0 && t.elapsed() < std::time::Duration::from_secs(30) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }
 }
@@ -304,6 +327,10 @@ fn accept_loop(shared: &Arc<Shared>, listener: &OwnedFd) {
         }
         // SAFETY: a fresh descriptor we own.
         let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+        if shared.sessions.lock().iter().filter(|w| w.strong_count() > 0).count() >= MAX_SESSIONS {
+            // Refused: the client's hello fails and it uses the kernel.
+            continue;
+        }
         let shared = shared.clone();
         let _ = std::thread::Builder::new().name("pwfs-shim-session".into()).spawn(move || session(shared, sock));
     }
@@ -338,8 +365,15 @@ fn peer_pid(sock: &OwnedFd) -> Option<i32> {
     (r == 0).then_some(cred.pid)
 }
 
+/// Whether process `pid` is in this process's user namespace (a capability in another
+/// one, `unshare -r`'s root, is no capability over this file system).
+fn same_userns(pid: i32) -> bool {
+    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/user")).ok();
+    matches!((ns(&pid.to_string()), ns("self")), (Some(a), Some(b)) if a == b)
+}
+
 fn session(shared: Arc<Shared>, sock: OwnedFd) {
-    let fsetid = peer_pid(&sock).is_some_and(has_fsetid);
+    let fsetid = peer_pid(&sock).is_some_and(|pid| same_userns(pid) && has_fsetid(pid));
     let s = Arc::new(Session {
         sock,
         fsetid,
@@ -366,23 +400,32 @@ fn session(shared: Arc<Shared>, sock: OwnedFd) {
             }
             (_, false) => Msg { status: libc::EPROTO as u32, ..m },
             (k, true) if k == Kind::Register as u32 => match passed.as_ref().map(|p| register(&shared, &s, p)) {
-                Some(Ok((h, ino))) => Msg { status: 0, a: h, b: ino, ..m },
+                Some(Ok((h, append))) => {
+                    Msg { status: 0, a: h, b: if append { proto::REGISTERED_APPEND } else { 0 }, ..m }
+                }
                 Some(Err(e)) => Msg { status: e as u32, ..m },
                 None => Msg { status: libc::EBADF as u32, ..m },
             },
+            (k, true) if k == Kind::Channel as u32 && s.channels.lock().len() >= MAX_CHANNELS => {
+                Msg { status: libc::EMFILE as u32, ..m }
+            }
             (k, true) if k == Kind::Channel as u32 => match Channel::new() {
                 Ok((ch, memfd)) => {
                     let ch = Arc::new(ch);
                     s.channels.lock().push(ch.clone());
-                    let (sh, ss) = (shared.clone(), s.clone());
-                    match std::thread::Builder::new().name("pwfs-shim-chan".into()).spawn(move || serve(&sh, &ss, ch)) {
+                    let (sh, ss, ch2) = (shared.clone(), s.clone(), ch.clone());
+                    match std::thread::Builder::new().name("pwfs-shim-chan".into()).spawn(move || serve(&sh, &ss, ch2))
+                    {
                         Ok(_) => {
                             if proto::send(fd, &Msg { status: 0, ..m }, memfd.as_raw_fd()) != 0 {
                                 break;
                             }
                             continue;
                         }
-                        Err(e) => Msg { status: e.raw_os_error().unwrap_or(libc::EAGAIN) as u32, ..m },
+                        Err(e) => {
+                            s.channels.lock().retain(|c| !Arc::ptr_eq(c, &ch));
+                            Msg { status: e.raw_os_error().unwrap_or(libc::EAGAIN) as u32, ..m }
+                        }
                     }
                 }
                 Err(e) => Msg { status: e.raw_os_error().unwrap_or(libc::ENOMEM) as u32, ..m },
@@ -403,8 +446,8 @@ fn session(shared: Arc<Shared>, sock: OwnedFd) {
     drop(handles);
 }
 
-/// Check the descriptor a client passed and open its inode: (handle, inode number).
-fn register(shared: &Shared, s: &Session, fd: &OwnedFd) -> Result<(u64, u64), i32> {
+/// Check the descriptor a client passed and open its inode: (handle, whether it appends).
+fn register(shared: &Shared, s: &Session, fd: &OwnedFd) -> Result<(u64, bool), i32> {
     // SAFETY: fstat/fcntl of a descriptor we hold, into a zeroed stat buffer.
     let (st, flags) = unsafe {
         let mut st: libc::stat = std::mem::zeroed();
@@ -430,9 +473,14 @@ fn register(shared: &Shared, s: &Session, fd: &OwnedFd) -> Result<(u64, u64), i3
         (false, true) => proto::WRITE_SYNC | proto::WRITE_DATASYNC,
         _ => 0,
     };
-    let h = s.handles.write().insert(Handle { file, sync });
+    let mut handles = s.handles.write();
+    if handles.slots.len() - handles.free.len() >= MAX_HANDLES {
+        return Err(libc::EMFILE);
+    }
+    let h = handles.insert(Handle { file, sync, caps_dropped: AtomicBool::new(false) });
+    drop(handles);
     shared.registered.fetch_add(1, Ordering::Relaxed);
-    Ok((h as u64, st.st_ino))
+    Ok((h as u64, append && write))
 }
 
 /// Wait for a request on `ch`: false when the channel or its session is over.
@@ -442,8 +490,9 @@ fn wait_request(shared: &Shared, s: &Session, h: &Header) -> bool {
     let ok = loop {
         match h.state.load(Ordering::Acquire) {
             REQUEST => break true,
-            CLOSED => break false,
-            _ => {}
+            DONE => {}
+            // CLOSED, or garbage from a client: the channel is over.
+            _ => break false,
         }
         if s.dead.load(Ordering::Relaxed) || shared.closing.load(Ordering::Relaxed) {
             break false;
@@ -475,7 +524,7 @@ fn wait_request(shared: &Shared, s: &Session, h: &Header) -> bool {
 }
 
 fn serve(shared: &Shared, s: &Session, ch: Arc<Channel>) {
-    shared.channels.fetch_add(1, Ordering::Relaxed);
+    shared.channels.fetch_add(1, Ordering::SeqCst);
     let h = ch.header();
     while wait_request(shared, s, h) {
         let start = proto::now_ns();
@@ -496,7 +545,8 @@ fn serve(shared: &Shared, s: &Session, ch: Arc<Channel>) {
         }
     }
     s.channels.lock().retain(|c| !Arc::ptr_eq(c, &ch));
-    shared.channels.fetch_sub(1, Ordering::Relaxed);
+    drop(ch);
+    shared.channels.fetch_sub(1, Ordering::SeqCst);
 }
 
 fn stat_of(m: &Metadata) -> Stat {
@@ -516,10 +566,27 @@ fn stat_of(m: &Metadata) -> Stat {
     }
 }
 
-/// Clear set-ID bits before a change by a writer without CAP_FSETID, as the kernel
-/// does (`file_remove_privs`).
-fn kill_privs(shared: &Shared, s: &Session, ino: u64) -> Result<(), i32> {
-    if !s.fsetid && shared.fs.remove_privs(ino).map_err(|e| e.errno())? {
+/// File capabilities (setcap(8)), which a change drops.
+const CAPS: &[u8] = b"security.capability";
+
+/// Before a change through `h`: a writer without CAP_FSETID clears the file's set-ID
+/// bits, and any writer its file capabilities, as the kernel does
+/// (`file_remove_privs`). Only for a handle open for writing (a read-only one gets
+/// EBADF from the change itself, and must not strip anything first).
+fn kill_privs(shared: &Shared, s: &Session, h: &Handle) -> Result<(), i32> {
+    if !h.file.is_writable() {
+        return Err(libc::EBADF);
+    }
+    let ino = h.file.ino();
+    let mut changed = !s.fsetid && shared.fs.remove_privs(ino).map_err(|e| e.errno())?;
+    if !h.caps_dropped.swap(true, Ordering::Relaxed) && shared.fs.getxattr(ino, CAPS).is_ok() {
+        match shared.fs.removexattr(ino, CAPS) {
+            Ok(()) => changed = true,
+            Err(e) if e.errno() == libc::ENODATA => {}
+            Err(e) => return Err(e.errno()),
+        }
+    }
+    if changed {
         (shared.changed)(ino);
     }
     Ok(())
@@ -550,7 +617,10 @@ fn answer(shared: &Shared, s: &Session, ch: &Channel) -> Result<(i64, u64), i32>
     match op {
         Op::Read => f.read_at(ch.data(len), a).map(|n| (n as i64, 0)).map_err(e),
         Op::Write => {
-            kill_privs(shared, s, ino)?;
+            if len == 0 {
+                return Ok((0, a));
+            }
+            kill_privs(shared, s, &handle)?;
             let r = f.pwrite(ch.data(len), a);
             (shared.changed)(ino);
             let at = r.map_err(e)?;
@@ -566,13 +636,16 @@ fn answer(shared: &Shared, s: &Session, ch: &Channel) -> Result<(i64, u64), i32>
             Ok((0, 0))
         }
         Op::Truncate => {
-            kill_privs(shared, s, ino)?;
+            if !f.is_writable() {
+                return Err(libc::EINVAL);
+            }
+            kill_privs(shared, s, &handle)?;
             let r = f.set_len(a);
             (shared.changed)(ino);
             r.map(|_| (0, 0)).map_err(e)
         }
         Op::Fallocate => {
-            kill_privs(shared, s, ino)?;
+            kill_privs(shared, s, &handle)?;
             let mode = u32::try_from(c).map_err(|_| libc::EINVAL)?;
             let r = f.allocate(mode, a, b);
             (shared.changed)(ino);
@@ -606,13 +679,14 @@ mod tests {
         let f = fs.create("a").unwrap();
         let ino = f.ino();
         let mut slab = Slab::default();
-        let a = slab.insert(Handle { file: f, sync: 0 });
-        let b = slab.insert(Handle { file: fs.open_ino_file(ino, true, false, false).unwrap(), sync: 0 });
+        let h = |file| Handle { file, sync: 0, caps_dropped: AtomicBool::new(false) };
+        let a = slab.insert(h(f));
+        let b = slab.insert(h(fs.open_ino_file(ino, true, false, false).unwrap()));
         assert_ne!(a, b);
         assert!(slab.remove(a as u64).is_some());
         assert!(slab.remove(a as u64).is_none());
         assert!(slab.get(a as u64).is_none() && slab.get(u64::MAX).is_none());
-        let c = slab.insert(Handle { file: fs.open_ino_file(ino, true, true, false).unwrap(), sync: 0 });
+        let c = slab.insert(h(fs.open_ino_file(ino, true, true, false).unwrap()));
         assert_eq!(c, a);
         assert!(fs.open_ino_file(pwfs::format::ROOT_INO, true, false, false).is_err());
     }

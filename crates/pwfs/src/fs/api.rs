@@ -232,6 +232,11 @@ impl File {
         self.ino
     }
 
+    /// Open for writing (or appending).
+    pub fn is_writable(&self) -> bool {
+        self.writable
+    }
+
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
         if !self.readable {
             return Err(Error::new(ErrorKind::BadHandle, "file not open for reading"));
