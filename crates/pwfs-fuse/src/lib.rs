@@ -829,6 +829,51 @@ impl Filesystem for PwFuse {
         empty(reply, self.fs.fallocate(ino.0, mode as u32, offset, length))
     }
 
+    /// copy_file_range(2) between files of this mount: the engine copies. (Without it the
+    /// kernel copies through its page cache, and takes the end of the source from the
+    /// size it caches, which a change through the LD_PRELOAD shim makes stale: a copy
+    /// would stop at the old end.) The kernel has written back its dirty pages of both
+    /// ranges and cleared set-id bits of the destination before asking, and drops its
+    /// pages of the destination range and its size after the answer.
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        ino_in: INodeNo,
+        _fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        _fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: fuser::CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        // The answer is a 32-bit count: a longer copy is answered short, as the kernel
+        // allows, and the caller asks again.
+        let len = len.min(u64::from(u32::MAX) & !(MAX_WRITE as u64 - 1));
+        self.view.touch(ino_out.0);
+        let mut buf = vec![0u8; len.min(MAX_WRITE as u64) as usize];
+        let mut done = 0u64;
+        while done < len {
+            let want = ((len - done) as usize).min(buf.len());
+            let step = self.fs.read(ino_in.0, offset_in + done, &mut buf[..want]).and_then(|n| {
+                self.fs.write(ino_out.0, offset_out + done, &buf[..n], false)?;
+                Ok(n)
+            });
+            match step {
+                Ok(n) => {
+                    done += n as u64;
+                    if n < want {
+                        break;
+                    }
+                }
+                Err(e) if done == 0 => return reply.error(errno(e)),
+                Err(_) => break,
+            }
+        }
+        reply.written(done as u32)
+    }
+
     /// lseek(2): the kernel answers SEEK_SET/CUR/END itself and asks for SEEK_DATA and
     /// SEEK_HOLE.
     fn lseek(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {

@@ -660,6 +660,56 @@ pub unsafe extern "C" fn mmap(
     mmap64(addr, len, prot, flags, fd, off)
 }
 
+// ---- calls the kernel copies for --------------------------------------------------
+
+/// Before the kernel reads or writes a carried file itself (copy_file_range, sendfile,
+/// splice): it takes the end of file from its cached size without asking, which a
+/// change through the shim made stale (a copy would stop short at the old end).
+unsafe fn kernel_uses(fds: &[c_int]) {
+    for &fd in fds {
+        if fd >= 0 && shim(|| classify(fd)).is_some() {
+            refresh_kernel_size(fd);
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn copy_file_range(
+    fd_in: c_int,
+    off_in: *mut off_t,
+    fd_out: c_int,
+    off_out: *mut off_t,
+    len: size_t,
+    flags: c_uint,
+) -> ssize_t {
+    kernel_uses(&[fd_in, fd_out]);
+    real::copy_file_range(fd_in, off_in, fd_out, off_out, len, flags)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendfile64(out: c_int, fd_in: c_int, off: *mut off_t, count: size_t) -> ssize_t {
+    kernel_uses(&[fd_in]);
+    real::sendfile64(out, fd_in, off, count)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendfile(out: c_int, fd_in: c_int, off: *mut off_t, count: size_t) -> ssize_t {
+    sendfile64(out, fd_in, off, count)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn splice(
+    fd_in: c_int,
+    off_in: *mut libc::loff_t,
+    fd_out: c_int,
+    off_out: *mut libc::loff_t,
+    len: size_t,
+    flags: c_uint,
+) -> ssize_t {
+    kernel_uses(&[fd_in, fd_out]);
+    real::splice(fd_in, off_in, fd_out, off_out, len, flags)
+}
+
 // ---- keeping the table of descriptors true ----------------------------------------
 
 #[no_mangle]

@@ -94,6 +94,9 @@ real! {
         envp: *const *mut c_char
     ) -> c_int;
     system(command: *const c_char) -> c_int;
+    copy_file_range(fd_in: c_int, off_in: *mut off_t, fd_out: c_int, off_out: *mut off_t, len: size_t, flags: c_uint) -> ssize_t;
+    sendfile64(out: c_int, fd_in: c_int, off: *mut off_t, count: size_t) -> ssize_t;
+    splice(fd_in: c_int, off_in: *mut libc::loff_t, fd_out: c_int, off_out: *mut libc::loff_t, len: size_t, flags: c_uint) -> ssize_t;
 }
 
 macro_rules! real_ptr {
