@@ -1112,11 +1112,11 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
 }
 
 /// Grouped bars of the report's p50 latencies: cold reads by size (part a) and
-/// write+fsync at one thread (part c), one bar per column that has the row. Empty
-/// panels (parts not run) are left out.
+/// write+fsync at one thread (part c), and db_bench's ops/s relative to Sync (part d),
+/// one bar per column that has the row. Empty panels (parts not run) are left out.
 pub fn plot(r: &Report) -> String {
-    let colors = ["#888888", "#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#ff7f0e", "#d62728"];
-    let panels: [(&str, Vec<(String, String)>); 2] = [
+    let colors = ["#888888", "#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#ff7f0e", "#d62728", "#17becf", "#bcbd22"];
+    let panels: [(&str, Vec<(String, String)>); 3] = [
         (
             "(a) cold read at queue depth 1, p50 latency (us)",
             [4, 8, 16, 32, 64, 128].iter().map(|k| (format!("(a) {k}K read p50"), format!("{k} KiB"))).collect(),
@@ -1128,11 +1128,28 @@ pub fn plot(r: &Report) -> String {
                 .map(|(k, l)| (format!("(c) {k}+fsync 1t p50"), l.to_string()))
                 .collect(),
         ),
+        (
+            "(d) db_bench through the mount and the shim, ops/s relative to sync",
+            ["fillsync", "fillseq", "readrandom cold"]
+                .iter()
+                .map(|k| (format!("(d) db_bench {k}"), k.to_string()))
+                .collect(),
+        ),
     ];
+    // Part (d)'s figures are ops/s that differ tenfold between columns: shown as
+    // ratios to the sync column's.
+    let value = |name: &str, col: &str| {
+        if name.starts_with("(d)") {
+            r.value(name, col) / r.value(name, Col::Sync.name())
+        } else {
+            r.value(name, col)
+        }
+    };
+    let unit = |name: &str| if name.starts_with("(d)") { "x sync" } else { "us" };
     let (pw, ph, pad) = (620.0, 220.0, 50.0);
     let shown: Vec<&(&str, Vec<(String, String)>)> =
         panels.iter().filter(|(_, rows)| rows.iter().any(|(n, _)| r.rows.iter().any(|x| &x.name == n))).collect();
-    let height = shown.len() as f64 * (ph + pad + 20.0) + 60.0;
+    let height = shown.len() as f64 * (ph + pad + 20.0) + 80.0;
     let mut s = format!(
         "<svg xmlns='http://www.w3.org/2000/svg' width='{}' height='{height}' font-family='sans-serif' font-size='11'>\n",
         pw + 2.0 * pad
@@ -1141,7 +1158,7 @@ pub fn plot(r: &Report) -> String {
         let y0 = 30.0 + k as f64 * (ph + pad + 20.0);
         let max = rows
             .iter()
-            .flat_map(|(n, _)| r.columns.iter().map(move |c| r.value(n, c)))
+            .flat_map(|(n, _)| r.columns.iter().map(move |c| value(n, c)))
             .filter(|v| v.is_finite())
             .fold(1.0f64, f64::max);
         s += &format!("<text x='{pad}' y='{}' font-size='13' font-weight='bold'>{title}</text>\n", y0 - 8.0);
@@ -1149,7 +1166,8 @@ pub fn plot(r: &Report) -> String {
         for tick in 0..=4 {
             let v = max * tick as f64 / 4.0;
             let y = y0 + ph - ph * tick as f64 / 4.0;
-            s += &format!("<text x='{}' y='{}' text-anchor='end'>{v:.0}</text>\n", pad - 4.0, y + 4.0);
+            let digits = if max < 20.0 { 1 } else { 0 };
+            s += &format!("<text x='{}' y='{}' text-anchor='end'>{v:.digits$}</text>\n", pad - 4.0, y + 4.0);
         }
         let group = pw / rows.len() as f64;
         for (j, (name, label)) in rows.iter().enumerate() {
@@ -1157,7 +1175,7 @@ pub fn plot(r: &Report) -> String {
                 .columns
                 .iter()
                 .enumerate()
-                .map(|(c, col)| (c, r.value(name, col)))
+                .map(|(c, col)| (c, value(name, col)))
                 .filter(|(_, v)| v.is_finite())
                 .collect();
             if cols.is_empty() {
@@ -1168,11 +1186,12 @@ pub fn plot(r: &Report) -> String {
                 let h = ph * v / max;
                 let x = pad + j as f64 * group + group * 0.1 + c as f64 * bw;
                 s += &format!(
-                    "<rect x='{x:.1}' y='{:.1}' width='{:.1}' height='{h:.1}' fill='{}'><title>{} {label}: {v:.1} us</title></rect>\n",
+                    "<rect x='{x:.1}' y='{:.1}' width='{:.1}' height='{h:.1}' fill='{}'><title>{} {label}: {v:.2} {}</title></rect>\n",
                     y0 + ph - h,
                     bw - 1.0,
                     colors[c % colors.len()],
-                    r.columns[c]
+                    r.columns[c],
+                    unit(name)
                 );
             }
             s += &format!(
@@ -1183,13 +1202,13 @@ pub fn plot(r: &Report) -> String {
         }
     }
     for (c, name) in r.columns.iter().enumerate() {
-        let x = pad + c as f64 * 95.0;
+        // Legend: seven to a line.
+        let (x, y) = (pad + (c % 7) as f64 * 95.0, height - 40.0 + (c / 7) as f64 * 18.0);
         s += &format!(
-            "<rect x='{x}' y='{}' width='10' height='10' fill='{}'/><text x='{}' y='{}'>{name}</text>\n",
-            height - 20.0,
+            "<rect x='{x}' y='{y}' width='10' height='10' fill='{}'/><text x='{}' y='{}'>{name}</text>\n",
             colors[c % colors.len()],
             x + 14.0,
-            height - 11.0
+            y + 9.0
         );
     }
     s += "</svg>\n";

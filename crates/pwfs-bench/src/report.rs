@@ -215,6 +215,36 @@ impl Report {
         s
     }
 
+    /// Add the columns and rows of a record `json` wrote (a row of the same name is
+    /// replaced). Figures only: notes, targets and the device are not merged.
+    pub fn merge(&mut self, v: &Value) -> Result<(), String> {
+        let columns = v["columns"].as_array().ok_or("no columns")?;
+        for c in columns.iter().filter_map(Value::as_str) {
+            if !self.columns.iter().any(|x| x == c) {
+                self.columns.push(c.to_string());
+            }
+        }
+        for row in v["rows"].as_array().ok_or("no rows")? {
+            let name = row["name"].as_str().ok_or("a row without a name")?.to_string();
+            // Units are few and fixed; a record's own is kept for as long as the process.
+            let unit: &'static str = Box::leak(row["unit"].as_str().unwrap_or("").to_string().into_boxed_str());
+            let values = row["values"]
+                .as_object()
+                .ok_or("a row without values")?
+                .iter()
+                .map(|(k, x)| (k.clone(), x.as_f64().unwrap_or(f64::NAN)))
+                .collect();
+            self.rows.retain(|r| r.name != name);
+            self.rows.push(Row {
+                name,
+                unit,
+                lower_is_better: row["lower_is_better"].as_bool().unwrap_or(true),
+                values,
+            });
+        }
+        Ok(())
+    }
+
     pub fn json(&self) -> Value {
         json!({
             "title": self.title,

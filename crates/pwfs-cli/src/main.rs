@@ -136,7 +136,17 @@ enum Cmd {
         /// fileserver, webproxy, varmail, randomrw.
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
+        /// Run nothing: draw the plot of `pwfs bench aios` from these JSON records
+        /// (comma-separated; their rows merged, a later record's row winning) into
+        /// DIR/aios.svg.
+        #[arg(long, value_delimiter = ',')]
+        replot: Vec<PathBuf>,
     },
+}
+
+/// Where `--replot` writes: beside the first record.
+fn cmd_dir_of(records: &[PathBuf]) -> Option<PathBuf> {
+    records.first().and_then(|p| p.parent()).map(|d| d.to_path_buf())
 }
 
 /// The default image: in the current directory, created at 1 GiB when missing.
@@ -388,7 +398,27 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             mount::umount(&mountpoint)?;
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Bench { workload, quick, smoke, dir, json, only } => {
+        Cmd::Bench { workload, replot, .. } if !replot.is_empty() => {
+            if !matches!(workload, Workload::Aios) {
+                return Err("--replot applies to `pwfs bench aios`".into());
+            }
+            let mut merged = pwfs_bench::report::Report::default();
+            for path in &replot {
+                let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+                let v: serde_json::Value =
+                    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+                merged.merge(&v).map_err(|e| format!("{}: {e}", path.display()))?;
+            }
+            let dir = match &cmd_dir_of(&replot) {
+                Some(d) => d.clone(),
+                None => PathBuf::from("."),
+            };
+            let plot = dir.join("aios.svg");
+            std::fs::write(&plot, pwfs_bench::aios::plot(&merged)).map_err(|e| format!("{}: {e}", plot.display()))?;
+            println!("plot: {}", plot.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Bench { workload, quick, smoke, dir, json, only, replot: _ } => {
             let mut opts = if smoke {
                 pwfs_bench::Opts::smoke(dir.clone())
             } else if quick {

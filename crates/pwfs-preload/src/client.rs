@@ -546,7 +546,7 @@ impl Chan {
     /// what recent answers took, unless they were slow.
     fn spin_ns(&self, op: Op) -> u64 {
         let recent = self.recent_ns.get();
-        if matches!(op, Op::Fsync | Op::Syncfs | Op::Close) || recent > SLOW_NS {
+        if matches!(op, Op::Fsync | Op::Syncfs) || recent > SLOW_NS {
             0
         } else {
             (2 * recent + 3_000).min(CLIENT_SPIN_NS)
@@ -709,7 +709,7 @@ fn exchange(
             return Err(Fail::Errno(libc::EIO));
         }
     }
-    if !matches!(op, Op::Fsync | Op::Syncfs | Op::Close) {
+    if !matches!(op, Op::Fsync | Op::Syncfs) {
         // The daemon's own time for it (what it left in `c`), not this thread's wait,
         // which a sleep would make look slow for good.
         let took = h.c.load(Ordering::Relaxed).min(1_000_000);
