@@ -10,15 +10,7 @@ use common::*;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-
-/// One mount test at a time: `pwfs sync` without a mount point reaches every daemon on
-/// the machine, and another test's daemon dying under it would be its failure.
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 #[test]
 fn sigterm_unmounts_cleanly_and_a_second_mount_is_refused() {

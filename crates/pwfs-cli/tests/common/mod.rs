@@ -7,6 +7,13 @@ use std::time::{Duration, Instant};
 
 pub const PWFS: &str = env!("CARGO_BIN_EXE_pwfs");
 
+/// One mount test at a time: `pwfs sync` without a mount point reaches every daemon on
+/// the machine, and another test's daemon dying under it would be its failure.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 pub fn can_mount() -> bool {
     // SAFETY: plain syscall.
     let ok = unsafe { libc::geteuid() } == 0 && Path::new("/dev/fuse").exists();

@@ -228,6 +228,12 @@ pub struct File {
 }
 
 impl File {
+    /// A handle on the inode `cell` (opened: its open count already taken), at
+    /// position 0 with its own readahead.
+    fn new(fs: &Fs, ino: u64, cell: Arc<InodeCell>, readable: bool, writable: bool, append: bool) -> File {
+        File { fs: fs.clone(), ino, cell, ra: RaState::default(), pos: Mutex::new(0), readable, writable, append }
+    }
+
     pub fn ino(&self) -> u64 {
         self.ino
     }
@@ -459,16 +465,7 @@ impl Fs {
             }
         };
         let (md, cell) = self.open_cell(ino)?;
-        let file = File {
-            fs: self.clone(),
-            ino,
-            cell,
-            ra: RaState::default(),
-            pos: Mutex::new(0),
-            readable: o.read,
-            writable,
-            append: o.append,
-        };
+        let file = File::new(self, ino, cell, o.read, writable, o.append);
         match md.kind {
             FileType::Directory if writable => return Err(Error::is_dir("")),
             FileType::Symlink => return Err(Error::is_loop("O_NOFOLLOW on a symlink")),
@@ -487,16 +484,7 @@ impl Fs {
     pub fn open_ino_file(&self, ino: u64, read: bool, write: bool, append: bool) -> Result<File> {
         self.inner.check_up()?;
         let (md, cell) = self.open_cell(ino)?;
-        let file = File {
-            fs: self.clone(),
-            ino,
-            cell,
-            ra: RaState::default(),
-            pos: Mutex::new(0),
-            readable: read,
-            writable: write || append,
-            append,
-        };
+        let file = File::new(self, ino, cell, read, write || append, append);
         if md.kind != FileType::File {
             return Err(Error::invalid(format!("inode {ino} is not a regular file")));
         }
