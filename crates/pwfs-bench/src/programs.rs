@@ -89,12 +89,9 @@ impl Place {
                     });
                     let started = socket.and_then(|socket| {
                         let dev = std::fs::metadata(mnt)?.dev();
-                        pwfs_shim::server::Server::start(
-                            socket,
-                            fs.clone(),
-                            dev,
-                            Box::new(move |ino| view.changed(ino)),
-                        )
+                        let server = pwfs_shim::server::Server::start(socket, fs.clone())?;
+                        server.attach(dev, Box::new(move |ino| view.changed(ino)));
+                        Ok(server)
                     });
                     match started {
                         Ok(s) => Some(s),

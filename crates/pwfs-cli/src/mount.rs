@@ -180,23 +180,23 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
             o.flags | libc::MS_NOATIME
         },
     };
+    // The shim's socket, like the control socket, before the mount appears: a program
+    // started as soon as the mount is there finds it (its registrations wait for the
+    // mount's device below).
+    if shim_on {
+        match pwfs_shim::server::Server::start(shim_file(mountpoint), fs.clone()) {
+            Ok(server) => *SHIM.lock().unwrap_or_else(|e| e.into_inner()) = Some(server),
+            Err(e) => out += &format!("pwfs: warning: no shim socket, LD_PRELOAD clients use the mount ({e})\n"),
+        }
+    }
     let mounted = pwfs_fuse::mount_with(fs.clone(), mountpoint, &options)
         .map_err(|e| format!("mount at {}: {e}", mountpoint.display()))?;
     let unmounter = mounted.unmounter();
-    // The shim's socket, once the mount is there (its files' device is the mount's).
-    if shim_on {
+    if let Some(server) = SHIM.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
         let view = mounted.view();
-        let started = std::fs::metadata(mountpoint).map(|m| m.dev()).and_then(|dev| {
-            pwfs_shim::server::Server::start(
-                shim_file(mountpoint),
-                fs.clone(),
-                dev,
-                Box::new(move |ino| view.changed(ino)),
-            )
-        });
-        match started {
-            Ok(server) => *SHIM.lock().unwrap_or_else(|e| e.into_inner()) = Some(server),
-            Err(e) => out += &format!("pwfs: warning: no shim socket, LD_PRELOAD clients use the mount ({e})\n"),
+        match std::fs::metadata(mountpoint) {
+            Ok(m) => server.attach(m.dev(), Box::new(move |ino| view.changed(ino))),
+            Err(e) => out += &format!("pwfs: warning: the shim cannot serve: {}: {e}\n", mountpoint.display()),
         }
     }
     out += &format!(

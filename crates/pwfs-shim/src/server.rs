@@ -4,7 +4,7 @@
 //! A client proves its right to a file by passing its open descriptor; the daemon
 //! reads the access mode from it, opens the inode in the engine (so its number is not
 //! reused while the handle lives) and drops the descriptor. What a client changes the
-//! kernel did not see: [`Server::start`]'s `changed` is told the inode after every
+//! kernel did not see: [`Server::attach`]'s `changed` is told the inode after every
 //! change, so that the FUSE front end drops what the kernel caches of it.
 
 use crate::proto::{self, Header, Kind, Msg, Op, Stat, CLOSED, DATA, DONE, HEADER, MAP_LEN, REQUEST};
@@ -45,11 +45,31 @@ pub struct Counters {
     pub requests: u64,
 }
 
+impl Shared {
+    /// The mount, once attached (waiting up to 10 s for it).
+    fn mount(&self) -> Option<&(u64, Changed)> {
+        if let Some(m) = self.mount.get() {
+            return Some(m);
+        }
+        let (lock, cv) = &self.attached;
+        let g = lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = cv.wait_timeout_while(g, std::time::Duration::from_secs(10), |a| !*a);
+        self.mount.get()
+    }
+
+    fn changed(&self, ino: u64) {
+        if let Some((_, changed)) = self.mount.get() {
+            changed(ino);
+        }
+    }
+}
+
 struct Shared {
     fs: Fs,
-    /// st_dev of the mount's files.
-    dev: u64,
-    changed: Changed,
+    /// The mount: st_dev of its files, and what to tell of a change (set by `attach`
+    /// once the mount is up; registrations wait for it).
+    mount: std::sync::OnceLock<(u64, Changed)>,
+    attached: (std::sync::Mutex<bool>, std::sync::Condvar),
     closing: AtomicBool,
     sessions: Mutex<Vec<Weak<Session>>>,
     /// Channel threads spinning now, and how many may.
@@ -198,9 +218,12 @@ pub struct Server {
 }
 
 impl Server {
-    /// Serve `fs`, whose mount's files have st_dev `dev`, at `path` (mode 0666: any
+    /// Serve `fs` at `path` (mode 0666: any
     /// user may connect; only a descriptor the kernel let it open gets it a handle).
-    pub fn start(path: PathBuf, fs: Fs, dev: u64, changed: Changed) -> std::io::Result<Server> {
+    /// The socket exists from here on, before the mount appears, so that a program
+    /// started as soon as the mount is there finds it; registrations wait (up to 10 s)
+    /// for [`Server::attach`].
+    pub fn start(path: PathBuf, fs: Fs) -> std::io::Result<Server> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
@@ -229,8 +252,8 @@ impl Server {
         let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
         let shared = Arc::new(Shared {
             fs,
-            dev,
-            changed,
+            mount: std::sync::OnceLock::new(),
+            attached: (std::sync::Mutex::new(false), std::sync::Condvar::new()),
             closing: AtomicBool::new(false),
             sessions: Mutex::new(Vec::new()),
             spinners: AtomicUsize::new(0),
@@ -248,6 +271,15 @@ impl Server {
         let (s2, l2) = (shared.clone(), listener.clone());
         std::thread::Builder::new().name("pwfs-shim".into()).spawn(move || accept_loop(&s2, &l2))?;
         Ok(Server { shared, path, id: (m.dev(), m.ino()), listener })
+    }
+
+    /// The mount is up: its files have st_dev `dev`, and `changed` drops what the
+    /// kernel caches of an inode.
+    pub fn attach(&self, dev: u64, changed: Changed) {
+        let _ = self.shared.mount.set((dev, changed));
+        let (lock, cv) = &self.shared.attached;
+        *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        cv.notify_all();
     }
 
     pub fn counters(&self) -> Counters {
@@ -456,7 +488,8 @@ fn register(shared: &Shared, s: &Session, fd: &OwnedFd) -> Result<(u64, bool), i
         }
         (st, libc::fcntl(fd.as_raw_fd(), libc::F_GETFL))
     };
-    if st.st_dev != shared.dev || st.st_mode & libc::S_IFMT != libc::S_IFREG || flags < 0 {
+    let dev = shared.mount().map(|m| m.0).ok_or(libc::EAGAIN)?;
+    if st.st_dev != dev || st.st_mode & libc::S_IFMT != libc::S_IFREG || flags < 0 {
         return Err(libc::EXDEV);
     }
     // An O_PATH descriptor reads and writes nothing.
@@ -587,7 +620,7 @@ fn kill_privs(shared: &Shared, s: &Session, h: &Handle) -> Result<(), i32> {
         }
     }
     if changed {
-        (shared.changed)(ino);
+        shared.changed(ino);
     }
     Ok(())
 }
@@ -622,7 +655,7 @@ fn answer(shared: &Shared, s: &Session, ch: &Channel) -> Result<(i64, u64), i32>
             }
             kill_privs(shared, s, &handle)?;
             let r = f.pwrite(ch.data(len), a);
-            (shared.changed)(ino);
+            shared.changed(ino);
             let at = r.map_err(e)?;
             let sync = c | handle.sync;
             if sync & proto::WRITE_SYNC != 0 {
@@ -641,14 +674,14 @@ fn answer(shared: &Shared, s: &Session, ch: &Channel) -> Result<(i64, u64), i32>
             }
             kill_privs(shared, s, &handle)?;
             let r = f.set_len(a);
-            (shared.changed)(ino);
+            shared.changed(ino);
             r.map(|_| (0, 0)).map_err(e)
         }
         Op::Fallocate => {
             kill_privs(shared, s, &handle)?;
             let mode = u32::try_from(c).map_err(|_| libc::EINVAL)?;
             let r = f.allocate(mode, a, b);
-            (shared.changed)(ino);
+            shared.changed(ino);
             r.map(|_| (0, 0)).map_err(e)
         }
         Op::Seek => {
