@@ -344,8 +344,8 @@ pub unsafe extern "C" fn __pread_chk(fd: c_int, buf: *mut c_void, n: size_t, off
 pub unsafe extern "C" fn lseek64(fd: c_int, off: off_t, whence: c_int) -> off_t {
     let carried = if matches!(whence, libc::SEEK_END | libc::SEEK_DATA | libc::SEEK_HOLE) {
         shim(|| {
+            let o = classify(fd)?;
             let seek = || {
-                let o = classify(fd)?;
                 let to = if whence == libc::SEEK_END {
                     client::stat(o).and_then(|s| {
                         (s.size as i64).checked_add(off).filter(|n| *n >= 0).ok_or(Fail::Errno(libc::EINVAL))
@@ -360,7 +360,6 @@ pub unsafe extern "C" fn lseek64(fd: c_int, off: off_t, whence: c_int) -> off_t 
                     Err(e) => finish(Err(e)),
                 }
             };
-            let o = classify(fd)?;
             if o.private {
                 client::with_position(fd, seek)
             } else {

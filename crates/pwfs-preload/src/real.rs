@@ -16,8 +16,10 @@ pub fn lookup(name: &std::ffi::CStr, cache: &AtomicUsize) -> usize {
     p
 }
 
+/// `real! { fail: name(args) -> ret; ... }`: each function's next definition, or
+/// `fail` with errno ENOSYS when there is none.
 macro_rules! real {
-    ($($name:ident ( $($arg:ident : $ty:ty),* ) -> $ret:ty;)*) => {$(
+    ($fail:expr; $($name:ident ( $($arg:ident : $ty:ty),* ) -> $ret:ty;)*) => {$(
         /// The next definition of the function of this name.
         ///
         /// # Safety
@@ -32,7 +34,7 @@ macro_rules! real {
             );
             if p == 0 {
                 *libc::__errno_location() = libc::ENOSYS;
-                return (-1i32) as $ret;
+                return $fail;
             }
             let f: unsafe extern "C" fn($($ty),*) -> $ret = std::mem::transmute(p);
             f($($arg),*)
@@ -41,6 +43,7 @@ macro_rules! real {
 }
 
 real! {
+    -1 as _;
     read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t;
     write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t;
     pread64(fd: c_int, buf: *mut c_void, n: size_t, off: off_t) -> ssize_t;
@@ -99,30 +102,8 @@ real! {
     splice(fd_in: c_int, off_in: *mut libc::loff_t, fd_out: c_int, off_out: *mut libc::loff_t, len: size_t, flags: c_uint) -> ssize_t;
 }
 
-macro_rules! real_ptr {
-    ($($name:ident ( $($arg:ident : $ty:ty),* ) -> $ret:ty;)*) => {$(
-        /// The next definition of the function of this name (null if there is none).
-        ///
-        /// # Safety
-        /// The C function's own contract.
-        pub unsafe fn $name($($arg: $ty),*) -> $ret {
-            static P: AtomicUsize = AtomicUsize::new(0);
-            let p = lookup(
-                // SAFETY: the literal ends with its NUL.
-                std::ffi::CStr::from_bytes_with_nul_unchecked(concat!(stringify!($name), "\0").as_bytes()),
-                &P,
-            );
-            if p == 0 {
-                *libc::__errno_location() = libc::ENOSYS;
-                return std::ptr::null_mut();
-            }
-            let f: unsafe extern "C" fn($($ty),*) -> $ret = std::mem::transmute(p);
-            f($($arg),*)
-        }
-    )*};
-}
-
-real_ptr! {
+real! {
+    std::ptr::null_mut();
     popen(command: *const c_char, mode: *const c_char) -> *mut FILE;
     mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void;
     fopen64(path: *const c_char, mode: *const c_char) -> *mut FILE;

@@ -293,10 +293,6 @@ impl Server {
             requests: s.requests.load(Ordering::Relaxed),
         }
     }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
 }
 
 impl Drop for Server {

@@ -194,15 +194,7 @@ impl FsInner {
     /// doc), writing the dirty data `writeback_selection(files)` picks (all of it for
     /// None). The caller holds the commit lock.
     pub(crate) fn commit_overlapped(&self, files: Option<&std::collections::BTreeSet<u64>>) -> Result<()> {
-        // From the choice of data to the closing of the transaction, no write grows a
-        // file (`size_gate`); that is CPU work only, the data is in flight (and what
-        // needed a fetch was settled before the gate).
-        self.settle_for_commit(files);
-        let gate = self.size_gate.write().unwrap_or_else(|e| e.into_inner());
-        let selection = self.writeback_selection(files);
-        let wb = self.writeback_begin(true, selection.as_ref())?;
-        let taken = self.meta.lock().take_tx(selection.as_ref());
-        drop(gate);
+        let (wb, taken) = self.take_for_commit(files)?;
         let (tx, frees) = match taken {
             Ok(v) => v,
             Err(e) => {

@@ -234,20 +234,33 @@ impl FsInner {
         self.commit_locked_for(Some(file))
     }
 
-    fn commit_once(&self, files: Option<&std::collections::BTreeSet<u64>>) -> Result<()> {
-        if self.config.stack == crate::config::Stack::Async {
-            return self.commit_overlapped(files);
-        }
-        // From the choice of data to the closing of the transaction, no write grows a
-        // file (`size_gate`): every size stored has its data written before it. The
-        // gate covers placing the data and starting its writes, not waiting for them:
-        // the data is waited for after, and before anything of the journal is written.
+    /// The first step of a commit on either stack: the data chosen (`files`' and what
+    /// the commit needs), its writes started, and the running transaction taken. From
+    /// the choice of data to the closing of the transaction no write grows a file
+    /// (`size_gate`): every size stored has its data written before it. The gate covers
+    /// CPU work only: what needed a fetch is settled before it, and the data writes are
+    /// waited for by the caller, before anything of the journal is written (Sync) or
+    /// before the journal's flush (Async).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn take_for_commit(
+        &self,
+        files: Option<&std::collections::BTreeSet<u64>>,
+    ) -> Result<(Option<crate::writeback::StartedWriteback>, Result<(crate::journal::Transaction, Vec<(u64, u64)>)>)>
+    {
         self.settle_for_commit(files);
         let gate = self.size_gate.write().unwrap_or_else(|e| e.into_inner());
         let selection = self.writeback_selection(files);
         let wb = self.writeback_begin(true, selection.as_ref())?;
         let taken = self.meta.lock().take_tx(selection.as_ref());
         drop(gate);
+        Ok((wb, taken))
+    }
+
+    fn commit_once(&self, files: Option<&std::collections::BTreeSet<u64>>) -> Result<()> {
+        if self.config.stack == crate::config::Stack::Async {
+            return self.commit_overlapped(files);
+        }
+        let (wb, taken) = self.take_for_commit(files)?;
         if let Some(wb) = wb {
             self.writeback_end(wb)?;
         }
