@@ -59,6 +59,13 @@ pub fn parse_options(opts: &str, sloppy: bool, o: &mut MountOpts) -> Result<(), 
                     _ => return Err(format!("stack={v}: expected sync or async")),
                 })
             }
+            ("hitchhike", Some(v)) => {
+                o.hitchhike = Some(match v {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(format!("hitchhike={v}: expected on or off")),
+                })
+            }
             ("shim", Some(v)) => {
                 o.shim = Some(match v {
                     "on" => true,

@@ -76,6 +76,11 @@ enum Cmd {
         /// instead of FUSE requests.
         #[arg(long, value_enum, default_value = "on")]
         shim: OnOff,
+        /// Hitchhiking: a small write made durable by fsync/fdatasync rides as a
+        /// compressed delta in the journal's commit block instead of costing a block
+        /// write of its own (off: every fsync'd block is written whole).
+        #[arg(long, value_enum, default_value = "on")]
+        hitchhike: OnOff,
         /// Run the full consistency check before mounting, even if the image was
         /// unmounted cleanly (it always runs when it was not).
         #[arg(long)]
@@ -350,6 +355,7 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             stack,
             poll,
             shim,
+            hitchhike,
             check,
             kernel_cache,
             atime,
@@ -364,6 +370,7 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
                 }),
                 poll: Some(matches!(poll, OnOff::On)),
                 shim: Some(matches!(shim, OnOff::On)),
+                hitchhike: Some(matches!(hitchhike, OnOff::On)),
                 kernel_cache: Some(kernel_cache.into()),
                 check,
                 allow_other,

@@ -73,6 +73,8 @@ pub struct MountOpts {
     pub poll: Option<bool>,
     /// Serve the LD_PRELOAD shim (`shim=on|off`; default on).
     pub shim: Option<bool>,
+    /// Hitchhiking of small synchronous writes (`hitchhike=on|off`; default on).
+    pub hitchhike: Option<bool>,
     pub kernel_cache: Option<pwfs_fuse::KernelCache>,
     /// Run the full check even on an image unmounted cleanly.
     pub check: bool,
@@ -135,6 +137,7 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
         fetch: o.fetch.unwrap_or(pwfs::FetchPolicy::AsyncBackground),
         stack: o.stack.unwrap_or_default(),
         poll: o.poll.unwrap_or(false),
+        hitchhike: o.hitchhike.unwrap_or(true),
         check_on_mount,
         atime,
         ..Default::default()
@@ -428,6 +431,37 @@ pub fn render_stats(fs: &pwfs::Fs) -> String {
     let n = fs.nbw_stats();
     let (hits, misses, evictions) = fs.cache_stats();
     let j = fs.journal_stats();
+    let h = fs.hitchhike_stats();
+    let d = fs.device_counters();
+    let per_sync = |n: u64| if h.sync_commits == 0 { 0.0 } else { n as f64 / h.sync_commits as f64 };
+    let hitchhike = if fs.config().hitchhike {
+        format!(
+            "hitchhike             on\n\
+             sync pages seen       {}\n\
+             hitchhiked            {} ({:.1}%), in the commit block\n\
+             metadata as deltas    {}\n\
+             data logged whole     {}\n\
+             bytes saved           {}\n\
+             commit-block-only commits {} of {} fsync commits\n\
+             device writes per fsync commit {:.2} (flushes {:.2}, FUA writes {:.2}; all writes counted)\n\
+             blocks buffered now   {} (written home after idling: {})\n",
+            h.sync_pages,
+            h.hitchhiked,
+            if h.sync_pages == 0 { 0.0 } else { 100.0 * h.hitchhiked as f64 / h.sync_pages as f64 },
+            h.meta_deltas,
+            h.data_images,
+            h.bytes_saved,
+            h.commit_only,
+            h.sync_commits,
+            per_sync(d.writes),
+            per_sync(d.flushes),
+            per_sync(d.fua_writes),
+            h.buffered,
+            h.retired,
+        )
+    } else {
+        "hitchhike             off\n".to_string()
+    };
     format!(
         "state                 {state}\n\
          commit interval       {interval}\n\
@@ -458,7 +492,8 @@ pub fn render_stats(fs: &pwfs::Fs) -> String {
         n.patch_bytes,
         j.commits,
         j.checkpoints,
-    ) + &shim_stats()
+    ) + &hitchhike
+        + &shim_stats()
 }
 
 fn shim_stats() -> String {

@@ -203,6 +203,7 @@ impl FsInner {
             }
         };
         let logged: Vec<u64> = tx.images.iter().map(|(b, _)| *b).collect();
+        let logged_data = tx.logged_data();
         if tx.is_empty() {
             if let Some(wb) = wb {
                 self.writeback_end(wb)?;
@@ -237,14 +238,14 @@ impl FsInner {
                 None => Ok(()),
             };
             // The flush `finish` makes next covers every data write so far.
-            self.take_unflushed();
-            r
+            let unflushed = self.take_unflushed();
+            r.map(|()| unflushed)
         };
         j.finish(&*self.dev, started, data).map_err(|e| self.poison(e))?;
         completed();
         let checkpointed = j.stats.checkpoints != before;
         drop(j);
-        self.committed(logged, frees, checkpointed);
+        self.committed(logged, &logged_data, frees, checkpointed);
         Ok(())
     }
 

@@ -250,9 +250,17 @@ impl FsInner {
         self.settle_for_commit(files);
         let gate = self.size_gate.write().unwrap_or_else(|e| e.into_inner());
         let selection = self.writeback_selection(files);
-        let wb = self.writeback_begin(true, selection.as_ref())?;
+        let wb = self.writeback_begin(true, selection.as_ref(), crate::writeback::Wb::Commit(files))?;
         let taken = self.meta.lock().take_tx(selection.as_ref());
         drop(gate);
+        // The data blocks the journal carries (hitchhiking), and revokes of those it
+        // stops carrying (written home whole by this write-back).
+        let (data, retired) = self.hitch.take_staged(files.is_some());
+        let taken = taken.map(|(mut tx, frees)| {
+            tx.data = data;
+            tx.revokes.extend(retired);
+            (tx, frees)
+        });
         Ok((wb, taken))
     }
 
@@ -266,6 +274,7 @@ impl FsInner {
         }
         let (tx, frees) = taken.map_err(|e| self.poison(e))?;
         let logged: Vec<u64> = tx.images.iter().map(|(b, _)| *b).collect();
+        let data = tx.logged_data();
         // Every data write so far is covered by the flush below, or by the journal's.
         let unflushed = self.take_unflushed();
         if tx.is_empty() {
@@ -282,18 +291,26 @@ impl FsInner {
         let mut j = self.journal.lock();
         let before = j.stats.checkpoints;
         crate::aios::submitting();
-        j.commit(&*self.dev, tx).map_err(|e| self.poison(e))?;
+        j.commit_after(&*self.dev, tx, unflushed).map_err(|e| self.poison(e))?;
         crate::aios::completed();
         let checkpointed = j.stats.checkpoints != before;
         drop(j);
-        self.committed(logged, frees, checkpointed);
+        self.committed(logged, &data, frees, checkpointed);
         Ok(())
     }
 
     /// A transaction is durable: its blocks' cached copies are the newest until a
     /// checkpoint writes them home (a checkpoint during it wrote the older ones), and
     /// the blocks it freed can be reused.
-    pub(crate) fn committed(&self, logged: Vec<u64>, frees: Vec<(u64, u64)>, checkpointed: bool) {
+    /// `data`: the data blocks it carried (hitchhiking), with their new contents.
+    pub(crate) fn committed(
+        &self,
+        logged: Vec<u64>,
+        data: &[(u64, std::sync::Arc<crate::device::AlignedBuf>)],
+        frees: Vec<(u64, u64)>,
+        checkpointed: bool,
+    ) {
+        self.hitch.committed(data, checkpointed);
         let mut m = self.meta.lock();
         if checkpointed {
             m.pinned.clear();
@@ -408,8 +425,10 @@ impl FsInner {
     /// back: an inode that a write is in the middle of changing when a commit stores
     /// it stays registered in the next transaction without being admitted again (at
     /// most one table block for each writer in flight).
+    /// Hitchhiking keeps back room for the data blocks the journal carries
+    /// (`Hitchhike::reserve`).
     pub(crate) fn tx_room(&self) -> u64 {
-        self.tx_cap - (self.tx_cap / 8).min(64)
+        self.tx_cap - (self.tx_cap / 8).min(64) - self.hitch.reserve()
     }
 
     /// Blocks kept back for metadata that commits allocate (extent chains).

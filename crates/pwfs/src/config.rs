@@ -95,7 +95,12 @@ pub struct Config {
     /// Measure where the time of read misses and fsyncs goes (`Fs::io_times`): two
     /// clock reads per request and per submission. Off by default.
     pub trace_io: bool,
+    /// Carry small synchronous writes as compressed deltas in the journal's commit
+    /// block (mechanism 3, `hitchhike.rs`). Off: every fsync'd block is written whole.
     pub hitchhike: bool,
+    /// Most data blocks the hitchhiking buffer holds (their last durable versions);
+    /// also bounded by a sixteenth of the journal.
+    pub hitchhike_blocks: usize,
     /// Open read-only: no write reaches the device (not even journal recovery).
     pub read_only: bool,
     /// When to run the full consistency check (fsck) before mounting, refusing an
@@ -123,7 +128,8 @@ impl Default for Config {
             stack: Stack::Async,
             poll: false,
             trace_io: false,
-            hitchhike: false,
+            hitchhike: true,
+            hitchhike_blocks: 1024,
             read_only: false,
             check_on_mount: MountCheck::IfNotClean,
             readahead_pages: 256,
@@ -142,9 +148,6 @@ impl Config {
         }
         if self.io_path != IoPath::Buffered {
             return missing("direct and adaptive I/O paths");
-        }
-        if self.hitchhike {
-            return missing("hitchhiking of small synchronous writes");
         }
         if self.cache_bytes < 64 * 4096 {
             return Err(crate::Error::invalid("cache must hold at least 64 pages"));

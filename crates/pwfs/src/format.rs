@@ -13,7 +13,12 @@ use std::fmt;
 pub const BLOCK_SIZE: usize = 4096;
 pub const BLOCK: u64 = BLOCK_SIZE as u64;
 pub const SB_MAGIC: u64 = 0x5057_4653_5041_5443; // "PWFSPATC"
-pub const VERSION: u32 = 1;
+/// The format this build writes. Version 2 added hitchhiked deltas in journal commit
+/// blocks (mechanism 3); a version-1 image is read as it is and becomes version 2 at
+/// its first writable mount (`Superblock::upgrade`), after which older builds refuse it.
+pub const VERSION: u32 = 2;
+/// The oldest format this build reads.
+pub const MIN_VERSION: u32 = 1;
 pub const INODE_SIZE: usize = 256;
 pub const INODES_PER_BLOCK: u64 = (BLOCK_SIZE / INODE_SIZE) as u64;
 pub const ROOT_INO: u64 = 1;
@@ -272,7 +277,7 @@ impl Superblock {
             return Err(FormatError::Checksum { what: "superblock" });
         }
         let version = u32_at(b, 8);
-        if version != VERSION {
+        if !(MIN_VERSION..=VERSION).contains(&version) {
             return Err(FormatError::Version(version));
         }
         if u32_at(b, 12) != BLOCK_SIZE as u32 {
@@ -894,8 +899,72 @@ impl JournalDesc {
     }
 }
 
+/// A hitchhiked block (mechanism 3): the XOR of a block's new contents with its last
+/// durable version, LZ4-compressed, carried in a commit block instead of a whole image.
+/// The base is the block as the log before it leaves it (the newest image or delta of
+/// it in the log), or all zeros (`zero_base`: a block newly allocated, whose medium
+/// contents mean nothing). Both checksums are crc32c of the whole 4 KiB block, so a
+/// replay detects a base that is not the one the delta was made against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalDelta {
+    pub block: u64,
+    pub zero_base: bool,
+    pub base_crc: u32,
+    pub result_crc: u32,
+    pub xor_lz4: Vec<u8>,
+}
+
+/// Bytes a delta record takes in a commit block besides its compressed XOR.
+pub const JDELTA_HEADER: usize = 19;
+const JDELTA_ZERO_BASE: u8 = 1;
+
+impl JournalDelta {
+    pub fn encoded_len(&self) -> usize {
+        JDELTA_HEADER + self.xor_lz4.len()
+    }
+
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.block.to_le_bytes());
+        out.push(if self.zero_base { JDELTA_ZERO_BASE } else { 0 });
+        out.extend_from_slice(&self.base_crc.to_le_bytes());
+        out.extend_from_slice(&self.result_crc.to_le_bytes());
+        out.extend_from_slice(&(self.xor_lz4.len() as u16).to_le_bytes());
+        out.extend_from_slice(&self.xor_lz4);
+    }
+
+    /// The records of a commit block's extra area (the area's own checksum is the
+    /// commit block's).
+    pub fn decode_all(mut b: &[u8]) -> R<Vec<JournalDelta>> {
+        let bad = || FormatError::Invalid { what: "journal delta record" };
+        let mut out = Vec::new();
+        while !b.is_empty() {
+            if b.len() < JDELTA_HEADER {
+                return Err(bad());
+            }
+            let flags = b[8];
+            if flags & !JDELTA_ZERO_BASE != 0 {
+                return Err(bad());
+            }
+            let n = u16::from_le_bytes([b[17], b[18]]) as usize;
+            if n == 0 || b.len() < JDELTA_HEADER + n {
+                return Err(bad());
+            }
+            out.push(JournalDelta {
+                block: u64_at(b, 0),
+                zero_base: flags & JDELTA_ZERO_BASE != 0,
+                base_crc: u32_at(b, 9),
+                result_crc: u32_at(b, 13),
+                xor_lz4: b[JDELTA_HEADER..JDELTA_HEADER + n].to_vec(),
+            });
+            b = &b[JDELTA_HEADER + n..];
+        }
+        Ok(out)
+    }
+}
+
 /// The commit block: seals a transaction with a checksum over its descriptor and image
-/// blocks, and carries extra records (empty for now; hitchhiked deltas go here).
+/// blocks, and carries extra records: the transaction's hitchhiked deltas
+/// ([`JournalDelta`]). A transaction of deltas only has no descriptor (`n_desc` 0).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JournalCommit {
     pub seq: u64,
@@ -999,9 +1068,12 @@ mod tests {
         b[0] ^= 1;
         assert!(matches!(Superblock::decode(&b), Err(FormatError::Magic { .. })));
         let mut bad = s.clone();
-        bad.version = 2;
+        bad.version = VERSION + 1;
         bad.encode(&mut b);
-        assert_eq!(Superblock::decode(&b), Err(FormatError::Version(2)));
+        assert_eq!(Superblock::decode(&b), Err(FormatError::Version(VERSION + 1)));
+        bad.version = MIN_VERSION;
+        bad.encode(&mut b);
+        assert_eq!(Superblock::decode(&b).unwrap().version, MIN_VERSION, "older images are read");
         let mut bad = s.clone();
         bad.data_start += 1;
         bad.encode(&mut b);
@@ -1115,6 +1187,7 @@ mod tests {
                 let _ = JournalHeader::decode(b);
                 let _ = JournalDesc::decode(b);
                 let _ = JournalCommit::decode(b);
+                let _ = JournalDelta::decode_all(b);
                 let _ = bitmap_check(b, flip);
                 let _ = XattrBlock::decode(b);
                 let _ = xattr_decode_head(b, flip);

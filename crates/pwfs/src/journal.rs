@@ -15,7 +15,10 @@
 
 use crate::device::{AlignedBuf, Device, Op, OpKind};
 use crate::error::{Error, Result};
-use crate::format::{JournalCommit, JournalDesc, JournalHeader, Superblock, BLOCK, BLOCK_SIZE, JDESC_ENTRIES};
+use crate::format::{
+    JournalCommit, JournalDelta, JournalDesc, JournalHeader, Superblock, BLOCK, BLOCK_SIZE, JCOMMIT_EXTRA_MAX,
+    JDELTA_HEADER, JDESC_ENTRIES,
+};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -28,8 +31,10 @@ pub struct Journal {
     pos: u64,
     /// Sequence number of the next transaction.
     next_seq: u64,
-    /// Committed images not yet written home.
+    /// Committed contents (images, and the results of deltas) not yet written home.
     pending: BTreeMap<u64, Arc<AlignedBuf>>,
+    /// Carry changed blocks as deltas of their logged contents (mechanism 3).
+    deltas: bool,
     pub stats: JournalStats,
 }
 
@@ -38,6 +43,10 @@ pub struct JournalStats {
     pub commits: u64,
     pub checkpoints: u64,
     pub blocks_logged: u64,
+    /// Commits that wrote nothing but their commit block.
+    pub commit_only: u64,
+    /// Blocks carried as deltas, summed over commits.
+    pub deltas: DeltaCounts,
 }
 
 /// A transaction whose descriptor and image blocks are on their way to the log
@@ -48,29 +57,107 @@ pub struct StartedCommit {
     /// Byte offset of the commit block.
     commit_at: u64,
     n_body: u64,
-    images: Vec<(u64, Arc<AlignedBuf>)>,
+    /// The new contents of every block this transaction logs (as image or delta).
+    logged: Vec<(u64, Arc<AlignedBuf>)>,
     revokes: Vec<u64>,
+    deltas: DeltaCounts,
 }
 
 /// One transaction ready to commit.
 pub struct Transaction {
+    /// Metadata blocks, whole. With deltas on, one whose previous contents the log
+    /// holds may be carried as a delta of them instead.
     pub images: Vec<(u64, AlignedBuf)>,
     pub revokes: Vec<u64>,
-    /// Extra records carried in the commit block (empty until hitchhiking lands).
-    pub extra: Vec<u8>,
+    /// Data blocks whose small synchronous writes ride in this commit (hitchhiking,
+    /// mechanism 3), each with the delta `hitchhike` made, if any; one without (or
+    /// whose delta does not fit) is logged whole.
+    pub data: Vec<DataBlock>,
+}
+
+/// A data block carried by the journal (see `hitchhike.rs`).
+pub struct DataBlock {
+    pub block: u64,
+    pub content: Arc<AlignedBuf>,
+    pub delta: Option<JournalDelta>,
+}
+
+/// What one commit carried as deltas.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeltaCounts {
+    /// Metadata blocks carried as deltas instead of images.
+    pub meta: u64,
+    /// Data blocks carried as deltas.
+    pub data: u64,
+    /// Data blocks logged whole (no delta, or it did not fit).
+    pub data_images: u64,
+    /// Bytes of delta records written.
+    pub bytes: u64,
 }
 
 impl Transaction {
     pub fn is_empty(&self) -> bool {
-        self.images.is_empty() && self.revokes.is_empty() && self.extra.is_empty()
+        self.images.is_empty() && self.revokes.is_empty() && self.data.is_empty()
     }
-    fn desc_blocks(&self) -> u64 {
-        ((self.images.len() + self.revokes.len()).div_ceil(JDESC_ENTRIES)).max(1) as u64
+    /// The data blocks it carries, with their new contents.
+    pub fn logged_data(&self) -> Vec<(u64, Arc<AlignedBuf>)> {
+        self.data.iter().map(|d| (d.block, d.content.clone())).collect()
     }
-    /// Log blocks this transaction needs.
+    /// Log blocks this transaction needs at most (every block logged whole).
     pub fn log_blocks(&self) -> u64 {
-        self.desc_blocks() + self.images.len() as u64 + 1
+        let entries = self.images.len() + self.data.len() + self.revokes.len();
+        (entries.div_ceil(JDESC_ENTRIES)).max(1) as u64 + (self.images.len() + self.data.len()) as u64 + 1
     }
+}
+
+/// The XOR of `new` with `base` (all zeros if None), LZ4-compressed, if that is at
+/// most `limit` bytes. Both blocks are whole 4 KiB blocks.
+pub fn make_delta(block: u64, new: &[u8], base: Option<&[u8]>, limit: usize) -> Option<JournalDelta> {
+    let mut x = [0u8; BLOCK_SIZE];
+    match base {
+        Some(b) => {
+            for ((o, n), b) in x.iter_mut().zip(new).zip(b) {
+                *o = n ^ b;
+            }
+        }
+        None => x.copy_from_slice(new),
+    }
+    let mut out = vec![0u8; lz4_flex::block::get_maximum_output_size(BLOCK_SIZE)];
+    let n = lz4_flex::block::compress_into(&x, &mut out).ok()?;
+    if n > limit || n == 0 {
+        return None;
+    }
+    out.truncate(n);
+    Some(JournalDelta {
+        block,
+        zero_base: base.is_none(),
+        base_crc: base.map_or(ZERO_BLOCK_CRC.with(|c| *c), crc32c::crc32c),
+        result_crc: crc32c::crc32c(new),
+        xor_lz4: out,
+    })
+}
+
+thread_local! {
+    static ZERO_BLOCK_CRC: u32 = crc32c::crc32c(&[0u8; BLOCK_SIZE]);
+}
+
+/// Apply a delta to its base: the new contents, or None if the base or the result is
+/// not the block the delta was made for.
+pub fn apply_delta(d: &JournalDelta, base: Option<&[u8]>) -> Option<Vec<u8>> {
+    let zero = [0u8; BLOCK_SIZE];
+    let base = if d.zero_base { &zero[..] } else { base? };
+    if base.len() != BLOCK_SIZE || crc32c::crc32c(base) != d.base_crc {
+        return None;
+    }
+    let mut x = vec![0u8; BLOCK_SIZE];
+    match lz4_flex::block::decompress_into(&d.xor_lz4, &mut x) {
+        Ok(n) if n == BLOCK_SIZE => {}
+        _ => return None,
+    }
+    for (o, b) in x.iter_mut().zip(base) {
+        *o ^= b;
+    }
+    (crc32c::crc32c(&x) == d.result_crc).then_some(x)
 }
 
 fn check(done: Vec<crate::device::Done>) -> Result<()> {
@@ -90,8 +177,15 @@ impl Journal {
             pos: 0,
             next_seq,
             pending: BTreeMap::new(),
+            deltas: false,
             stats: JournalStats::default(),
         }
+    }
+
+    /// Carry changed blocks as deltas where they are small (hitchhiking).
+    pub fn with_deltas(mut self, on: bool) -> Journal {
+        self.deltas = on;
+        self
     }
 
     /// The most log blocks one transaction may take (descriptors, images and the
@@ -104,20 +198,31 @@ impl Journal {
     /// caller must poison the file system. The classic order, each step waiting for
     /// the one before (`Stack::Sync`): descriptor and images written, flush, commit
     /// block built and written, flush.
+    #[cfg(test)]
     pub fn commit(&mut self, dev: &dyn Device, tx: Transaction) -> Result<()> {
+        self.commit_after(dev, tx, true).map(|_| ())
+    }
+
+    /// `commit`, where `unflushed` says whether data was written since the last
+    /// flush: a transaction of deltas only, after no data write, needs no flush
+    /// before its commit block (nothing it depends on is in flight).
+    pub fn commit_after(&mut self, dev: &dyn Device, tx: Transaction, unflushed: bool) -> Result<DeltaCounts> {
         if tx.is_empty() {
-            return Ok(());
+            return Ok(DeltaCounts::default());
         }
         let started = self.start(dev, tx)?;
         check(started.body.wait())?;
-        dev.flush()?;
+        if unflushed || started.n_body > 0 {
+            dev.flush()?;
+        }
         let mut c = dev.alloc(BLOCK_SIZE);
         started.commit.encode(&mut c);
         let (_, r) = dev.write(started.commit_at, c);
         r?;
         dev.flush()?;
-        self.committed(started.n_body, started.images, &started.revokes);
-        Ok(())
+        let counts = started.deltas;
+        self.committed(started.n_body, started.logged, &started.revokes, counts);
+        Ok(counts)
     }
 
     /// Put a transaction's descriptor and image blocks on the device and return
@@ -133,12 +238,73 @@ impl Journal {
             self.checkpoint(dev)?;
         }
         let seq = self.next_seq;
-        // Descriptors: tags first, then revokes, JDESC_ENTRIES per block.
-        let mut entries: Vec<(bool, u64)> = tx.images.iter().map(|(b, _)| (true, *b)).collect();
-        entries.extend(tx.revokes.iter().map(|b| (false, *b)));
+        let Transaction { images: meta, mut revokes, data } = tx;
+        // Deltas first for data (small synchronous writes are what hitchhiking is
+        // for), then for metadata, while the commit block has room. A delta must be
+        // of contents the log holds (a checkpoint may just have written them home and
+        // emptied it): else the block is logged whole (a zero-based delta needs no base).
+        let mut deltas: Vec<JournalDelta> = Vec::new();
+        let mut room = JCOMMIT_EXTRA_MAX;
+        let mut counts = DeltaCounts::default();
+        let mut images: Vec<(u64, AlignedBuf)> = Vec::with_capacity(meta.len() + data.len());
+        let mut logged: Vec<(u64, Arc<AlignedBuf>)> = Vec::with_capacity(meta.len() + data.len());
+        for d in data {
+            let anchored = |x: &JournalDelta| {
+                x.zero_base || self.pending.get(&d.block).is_some_and(|p| crc32c::crc32c(p) == x.base_crc)
+            };
+            let usable = d.delta.filter(|x| x.encoded_len() <= room && anchored(x));
+            match usable {
+                Some(x) => {
+                    room -= x.encoded_len();
+                    counts.data += 1;
+                    counts.bytes += x.encoded_len() as u64;
+                    deltas.push(x);
+                }
+                None => {
+                    counts.data_images += 1;
+                    images.push((d.block, AlignedBuf::from_slice(&d.content)));
+                }
+            }
+            logged.push((d.block, d.content));
+        }
+        for (home, img) in meta {
+            let x = if self.deltas && room > JDELTA_HEADER {
+                self.pending.get(&home).and_then(|base| make_delta(home, &img, Some(base), room - JDELTA_HEADER))
+            } else {
+                None
+            };
+            let content = Arc::new(AlignedBuf::from_slice(&img));
+            match x {
+                Some(x) => {
+                    room -= x.encoded_len();
+                    counts.meta += 1;
+                    counts.bytes += x.encoded_len() as u64;
+                    deltas.push(x);
+                }
+                None => images.push((home, img)),
+            }
+            logged.push((home, content));
+        }
+        // A block logged again in this transaction is not revoked by it: the newest
+        // contents replay (a freed block reused at once gets a new, anchored record).
+        if !revokes.is_empty() && !logged.is_empty() {
+            let l: std::collections::HashSet<u64> = logged.iter().map(|(b, _)| *b).collect();
+            revokes.retain(|r| !l.contains(r));
+        }
+        let mut extra = Vec::with_capacity(JCOMMIT_EXTRA_MAX - room);
+        for x in &deltas {
+            x.encode_into(&mut extra);
+        }
+        // Descriptors: tags first, then revokes, JDESC_ENTRIES per block; none for a
+        // transaction of deltas only.
+        let mut entries: Vec<(bool, u64)> = images.iter().map(|(b, _)| (true, *b)).collect();
+        entries.extend(revokes.iter().map(|b| (false, *b)));
         let mut body: Vec<AlignedBuf> = Vec::new();
-        let chunks: Vec<&[(bool, u64)]> =
-            if entries.is_empty() { vec![&[][..]] } else { entries.chunks(JDESC_ENTRIES).collect() };
+        let chunks: Vec<&[(bool, u64)]> = if entries.is_empty() && deltas.is_empty() {
+            vec![&[][..]]
+        } else {
+            entries.chunks(JDESC_ENTRIES).collect()
+        };
         for chunk in chunks {
             let desc = JournalDesc {
                 seq,
@@ -150,18 +316,17 @@ impl Journal {
             body.push(b);
         }
         let n_desc = body.len() as u32;
-        let mut images = Vec::with_capacity(tx.images.len());
-        for (home, img) in tx.images {
+        let n_images = images.len() as u32;
+        for (_, img) in images {
             let mut b = dev.alloc(BLOCK_SIZE);
             b.copy_from_slice(&img);
             body.push(b);
-            images.push((home, Arc::new(img)));
         }
         let mut crc = 0u32;
         for b in &body {
             crc = crc32c::crc32c_append(crc, b);
         }
-        let commit = JournalCommit { seq, n_desc, n_images: images.len() as u32, body_crc: crc, extra: tx.extra };
+        let commit = JournalCommit { seq, n_desc, n_images, body_crc: crc, extra };
         let at = (self.log_start + self.pos) * BLOCK;
         let n_body = body.len() as u64;
         // Descriptor and images, in batches the device can take as single requests.
@@ -175,42 +340,51 @@ impl Journal {
             off += len;
         }
         let body = dev.start(ops);
-        Ok(StartedCommit { body, commit, commit_at: at + n_body * BLOCK, n_body, images, revokes: tx.revokes })
+        Ok(StartedCommit { body, commit, commit_at: at + n_body * BLOCK, n_body, logged, revokes, deltas: counts })
     }
 
     /// Finish a started transaction, the asynchronous stack's way (`Stack::Async`):
     /// the commit block is built while the body is in flight, then the body is waited
     /// for and `data` waits for the transaction's data writes (ordered mode), one
     /// flush makes both durable, and the commit block goes out as a FUA write (the
-    /// device writes and flushes it where it has no FUA). The order on the medium is
+    /// device writes and flushes it where it has no FUA). `data` says whether any data
+    /// was written since the last flush. The order on the medium is
     /// the classic one: data and journal body durable before the commit block is
     /// written.
     pub fn finish(
         &mut self,
         dev: &dyn Device,
         started: StartedCommit,
-        data: impl FnOnce() -> Result<()>,
-    ) -> Result<()> {
-        let StartedCommit { body, commit, commit_at, n_body, images, revokes } = started;
+        data: impl FnOnce() -> Result<bool>,
+    ) -> Result<DeltaCounts> {
+        let StartedCommit { body, commit, commit_at, n_body, logged, revokes, deltas } = started;
         let mut c = dev.alloc(BLOCK_SIZE);
         commit.encode(&mut c);
         let waited = check(body.wait());
-        data()?;
+        let unflushed = data()?;
         waited?;
-        dev.flush()?;
+        // A transaction of deltas only, after no data write, depends on nothing in
+        // flight: its commit block alone, written through (one write, one flush).
+        if unflushed || n_body > 0 {
+            dev.flush()?;
+        }
         let mut done = dev.submit(vec![Op::write_fua(commit_at, c)]);
         done.pop().expect("one op").result?;
-        self.committed(n_body, images, &revokes);
-        Ok(())
+        self.committed(n_body, logged, &revokes, deltas);
+        Ok(deltas)
     }
 
     /// The transaction is durable: move past it in the log, keep its images for the
     /// checkpoint.
-    fn committed(&mut self, n_body: u64, images: Vec<(u64, Arc<AlignedBuf>)>, revokes: &[u64]) {
+    fn committed(&mut self, n_body: u64, images: Vec<(u64, Arc<AlignedBuf>)>, revokes: &[u64], d: DeltaCounts) {
         self.pos += n_body + 1;
         self.next_seq += 1;
         self.stats.commits += 1;
         self.stats.blocks_logged += n_body + 1;
+        self.stats.commit_only += (n_body == 0) as u64;
+        let t = &mut self.stats.deltas;
+        (t.meta, t.data, t.data_images, t.bytes) =
+            (t.meta + d.meta, t.data + d.data, t.data_images + d.data_images, t.bytes + d.bytes);
         // A revoked block has no committed image to write home any more; a block is
         // never revoked and logged in one transaction (logging cancels the revoke).
         for r in revokes {
@@ -261,6 +435,8 @@ pub struct ScannedTx {
     pub tags: Vec<u64>,
     pub revokes: Vec<u64>,
     pub images: Vec<Vec<u8>>,
+    /// Hitchhiked blocks carried in the commit block.
+    pub deltas: Vec<JournalDelta>,
 }
 
 /// What a mount finds in the journal.
@@ -297,7 +473,8 @@ pub fn scan(dev: &dyn Device, sb: &Superblock) -> Result<Scan> {
         let mut tags = Vec::new();
         let mut revokes = Vec::new();
         let mut n_desc = 0u32;
-        // Descriptors until the first non-descriptor block.
+        // Descriptors until the first non-descriptor block (none: a transaction of
+        // deltas only starts with its commit block).
         loop {
             if pos + n_desc as u64 >= log_len {
                 break 'tx;
@@ -310,8 +487,7 @@ pub fn scan(dev: &dyn Device, sb: &Superblock) -> Result<Scan> {
                     revokes.extend(d.revokes);
                     n_desc += 1;
                 }
-                _ if n_desc > 0 => break,
-                _ => break 'tx,
+                _ => break,
             }
         }
         let images_at = pos + n_desc as u64;
@@ -332,43 +508,65 @@ pub fn scan(dev: &dyn Device, sb: &Superblock) -> Result<Scan> {
         if c.seq != seq || c.n_desc != n_desc || c.n_images as usize != tags.len() || c.body_crc != body_crc {
             break;
         }
+        if n_desc == 0 && c.extra.is_empty() {
+            break;
+        }
+        // Sealed by the commit block's checksum: bad records are damage, not a tear.
+        let deltas = JournalDelta::decode_all(&c.extra)
+            .map_err(|e| Error::corrupt(format!("journal transaction {seq}: {e}")))?;
         let valid = |b: &u64| *b > sb.journal_start + sb.journal_blocks - 1 && *b < sb.data_end;
-        if !tags.iter().all(valid) || !revokes.iter().all(valid) {
+        if !tags.iter().all(valid) || !revokes.iter().all(valid) || !deltas.iter().all(|d| valid(&d.block)) {
             return Err(Error::corrupt(format!(
                 "journal transaction {seq} names blocks outside the metadata and data areas"
             )));
         }
-        out.transactions.push(ScannedTx { seq, tags, revokes, images });
+        out.transactions.push(ScannedTx { seq, tags, revokes, images, deltas });
         pos = commit_at + 1;
         seq += 1;
     }
     Ok(out)
 }
 
-/// The final image of every block the scanned transactions write, after revokes.
-pub fn plan(scan: &Scan) -> BTreeMap<u64, Vec<u8>> {
+/// The final contents of every block the scanned transactions write, after revokes:
+/// images and deltas applied in sequence order, each delta to the contents the log
+/// before it gives its block (or to zeros). A delta whose base is not there, or not
+/// the one it was made against, is damage (the writer never makes one): an error,
+/// never a guess.
+pub fn plan(scan: &Scan) -> Result<BTreeMap<u64, Vec<u8>>> {
     let mut revoked: HashMap<u64, u64> = HashMap::new();
     for tx in &scan.transactions {
         for r in &tx.revokes {
             revoked.insert(*r, tx.seq);
         }
     }
-    let mut out = BTreeMap::new();
+    let live = |b: u64, seq: u64| revoked.get(&b).is_none_or(|r| *r < seq);
+    let mut out: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
     for tx in &scan.transactions {
         for (home, img) in tx.tags.iter().zip(&tx.images) {
-            if revoked.get(home).is_some_and(|r| *r >= tx.seq) {
+            if live(*home, tx.seq) {
+                out.insert(*home, img.clone());
+            }
+        }
+        for d in &tx.deltas {
+            if !live(d.block, tx.seq) {
                 continue;
             }
-            out.insert(*home, img.clone());
+            let new = apply_delta(d, out.get(&d.block).map(|v| &v[..])).ok_or_else(|| {
+                Error::corrupt(format!(
+                    "journal transaction {}: the delta of block {} does not apply to the contents the log gives it",
+                    tx.seq, d.block
+                ))
+            })?;
+            out.insert(d.block, new);
         }
     }
-    out
+    Ok(out)
 }
 
 /// Replay a scan onto the device and empty the log. Idempotent: a crash during replay
 /// leaves the header untouched, and the next mount replays the same images again.
 pub fn replay(dev: &dyn Device, sb: &Superblock, scan: &Scan) -> Result<usize> {
-    let images = plan(scan);
+    let images = plan(scan)?;
     let n = images.len();
     if !scan.transactions.is_empty() {
         let ops: Vec<Op> = images
@@ -409,7 +607,7 @@ mod tests {
         Transaction {
             images: images.iter().map(|(b, v)| (*b, image(*v))).collect(),
             revokes: revokes.to_vec(),
-            extra: Vec::new(),
+            data: Vec::new(),
         }
     }
 
@@ -417,6 +615,152 @@ mod tests {
         let (buf, r) = dev.read(b * BLOCK, AlignedBuf::new(BLOCK_SIZE));
         r.unwrap();
         buf[0]
+    }
+
+    /// A transaction carrying `data` blocks (whole contents), deltas made by the
+    /// journal's caller as `hitchhike` makes them: zero-based when `fresh`, else
+    /// against `base`.
+    fn data_tx(j: &Journal, data: &[(u64, u8, bool)]) -> Transaction {
+        let mut t = tx(&[], &[]);
+        for (b, v, fresh) in data {
+            let content = Arc::new(image(*v));
+            let base = j.pending.get(b).map(|p| p.to_vec());
+            let delta = if *fresh {
+                make_delta(*b, &content, None, 3000)
+            } else {
+                make_delta(*b, &content, base.as_deref(), 3000)
+            };
+            t.data.push(DataBlock { block: *b, content, delta });
+        }
+        t
+    }
+
+    #[test]
+    fn deltas_ride_in_the_commit_block_and_replay() {
+        let (dev, sb) = setup();
+        let b = sb.data_start + 3;
+        let mut j = Journal::new(&sb, 100).with_deltas(true);
+        // A fresh block (from zeros), then two changes of it as deltas of the last.
+        for (v, fresh) in [(1u8, true), (2, false), (3, false)] {
+            let t = data_tx(&j, &[(b, v, fresh)]);
+            let counts = j.commit_after(&dev, t, false).unwrap();
+            assert_eq!(counts.data, 1, "version {v} as a delta");
+        }
+        assert_eq!(j.stats.commit_only, 3, "no descriptor, no image: the commit block alone");
+        assert_eq!(j.pos, 3);
+        let s = scan(&dev, &sb).unwrap();
+        assert_eq!(s.transactions.len(), 3);
+        assert!(s.transactions.iter().all(|t| t.deltas.len() == 1 && t.images.is_empty()));
+        // The home block never held any of them; replay builds the last from zeros.
+        dev.write(b * BLOCK, image(0xee)).1.unwrap();
+        replay(&dev, &sb, &s).unwrap();
+        assert_eq!(home(&dev, b), 3);
+    }
+
+    #[test]
+    fn metadata_images_become_deltas_of_their_logged_contents() {
+        let (dev, sb) = setup();
+        let m = sb.inode_table_start;
+        let mut j = Journal::new(&sb, 100).with_deltas(true);
+        let mut img = vec![7u8; BLOCK_SIZE];
+        j.commit(&dev, Transaction { images: vec![(m, AlignedBuf::from_slice(&img))], revokes: vec![], data: vec![] })
+            .unwrap();
+        img[100..108].copy_from_slice(b"changed!");
+        let t = Transaction { images: vec![(m, AlignedBuf::from_slice(&img))], revokes: vec![], data: vec![] };
+        let counts = j.commit_after(&dev, t, false).unwrap();
+        assert_eq!((counts.meta, j.stats.commit_only), (1, 1));
+        replay(&dev, &sb, &scan(&dev, &sb).unwrap()).unwrap();
+        let (got, r) = dev.read(m * BLOCK, AlignedBuf::new(BLOCK_SIZE));
+        r.unwrap();
+        assert_eq!(&got[..], &img[..]);
+        // Off: the same change is an image.
+        let (dev, sb) = setup();
+        let mut j = Journal::new(&sb, 100);
+        for _ in 0..2 {
+            let t = Transaction { images: vec![(m, AlignedBuf::from_slice(&img))], revokes: vec![], data: vec![] };
+            assert_eq!(j.commit_after(&dev, t, false).unwrap().meta, 0);
+        }
+        assert_eq!(j.stats.commit_only, 0);
+    }
+
+    #[test]
+    fn a_delta_whose_base_is_not_in_the_log_is_logged_whole() {
+        let (dev, sb) = setup();
+        let b = sb.data_start + 1;
+        let mut j = Journal::new(&sb, 100).with_deltas(true);
+        j.commit_after(&dev, data_tx(&j, &[(b, 1, true)]), false).unwrap();
+        let t = data_tx(&j, &[(b, 2, false)]);
+        // A checkpoint empties the log (and writes the block home): the delta made
+        // against the logged contents has no base in the log any more.
+        j.checkpoint(&dev).unwrap();
+        let counts = j.commit_after(&dev, t, false).unwrap();
+        assert_eq!((counts.data, counts.data_images), (0, 1));
+        dev.write(b * BLOCK, image(0xee)).1.unwrap();
+        replay(&dev, &sb, &scan(&dev, &sb).unwrap()).unwrap();
+        assert_eq!(home(&dev, b), 2);
+    }
+
+    #[test]
+    fn revoked_deltas_do_not_replay_and_a_bad_base_is_damage() {
+        let (dev, sb) = setup();
+        let b = sb.data_start + 2;
+        let mut j = Journal::new(&sb, 100).with_deltas(true);
+        j.commit_after(&dev, data_tx(&j, &[(b, 1, true)]), false).unwrap();
+        j.commit_after(&dev, tx(&[], &[b]), false).unwrap();
+        dev.write(b * BLOCK, image(42)).1.unwrap();
+        replay(&dev, &sb, &scan(&dev, &sb).unwrap()).unwrap();
+        assert_eq!(home(&dev, b), 42, "a revoked delta must not clobber the block's new contents");
+        // A chained delta with no base in the log: an error, never a guess.
+        let mut s = Scan { start_seq: 1, transactions: vec![] };
+        let d = make_delta(b, &image(5), Some(&image(4)), 3000).unwrap();
+        s.transactions.push(ScannedTx {
+            seq: 1,
+            tags: vec![],
+            revokes: vec![],
+            images: vec![],
+            deltas: vec![d.clone()],
+        });
+        assert_eq!(plan(&s).unwrap_err().kind(), crate::ErrorKind::Corrupt);
+        // Its base in the log, but different contents: the same.
+        s.transactions.insert(
+            0,
+            ScannedTx { seq: 0, tags: vec![b], revokes: vec![], images: vec![image(3).to_vec()], deltas: vec![] },
+        );
+        assert_eq!(plan(&s).unwrap_err().kind(), crate::ErrorKind::Corrupt);
+        s.transactions[0].images[0] = image(4).to_vec();
+        assert_eq!(plan(&s).unwrap()[&b], image(5).to_vec());
+    }
+
+    #[test]
+    fn torn_commit_only_transactions_end_the_log() {
+        let sim = SimDevice::new(vec![0; (TOTAL * BLOCK) as usize], SimConfig::default());
+        let sb = Superblock::layout(TOTAL, 64, 32, [1; 16], 0).unwrap();
+        write_header(&sim, sb.journal_start, 100).unwrap();
+        let base = sim.start_recording();
+        let b = sb.data_start + 4;
+        let mut j = Journal::new(&sb, 100).with_deltas(true);
+        for (v, fresh) in [(1u8, true), (2, false), (3, false), (4, false)] {
+            let t = data_tx(&j, &[(b, v, fresh)]);
+            let done = j.start(&sim, t).unwrap();
+            // The asynchronous stack's way: the commit block with FUA, no flush.
+            j.finish(&sim, done, || Ok(false)).unwrap();
+        }
+        let log = sim.log();
+        for k in 0..=log.len() {
+            for seed in 0..8 {
+                let dev = MemDevice::from_vec(crash_image(&base, &log, k, seed));
+                let s = scan(&dev, &sb).unwrap();
+                let n = s.transactions.len();
+                assert!(n <= 4);
+                replay(&dev, &sb, &s).unwrap();
+                if n > 0 {
+                    assert_eq!(home(&dev, b), n as u8, "point {k} seed {seed}");
+                }
+                if k == log.len() {
+                    assert_eq!(n, 4);
+                }
+            }
+        }
     }
 
     #[test]
@@ -506,7 +850,7 @@ mod tests {
             j.commit(&dev, tx(&[(sb.data_start + v as u64 % 3, v)], &[])).unwrap();
         }
         let s = scan(&dev, &sb).unwrap();
-        let planned = plan(&s);
+        let planned = plan(&s).unwrap();
         // Replay writes the same images however often it is interrupted and redone.
         for _ in 0..3 {
             for (b, img) in &planned {

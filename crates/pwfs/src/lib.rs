@@ -8,7 +8,9 @@
 //!   (page states, sharded CLOCK) with `nbw` (mechanism 1: patches, fetch policies,
 //!   the fetcher) and `readahead`; `commit` (admitting operations into the running
 //!   transaction, closing and logging it) over `journal` (records, commit, recovery);
-//!   `writeback` (placing and writing dirty pages, pressure, the background thread).
+//!   `writeback` (placing and writing dirty pages, pressure, the background thread)
+//!   with `hitchhike` (mechanism 3: small synchronous writes carried as deltas in
+//!   the commit block).
 //! - `alloc` (free space) and [`format`](crate::format) (every on-disk structure).
 //! - [`device`] (io_uring, pread/pwrite, memory, simulated engines).
 //!
@@ -26,6 +28,7 @@ pub mod error;
 pub mod format;
 pub mod fs;
 pub mod fsck;
+mod hitchhike;
 mod journal;
 mod lock;
 mod nbw;
@@ -33,7 +36,8 @@ mod readahead;
 mod writeback;
 
 pub use aios::{IoTimes, PathTimes};
-pub use journal::JournalStats;
+pub use hitchhike::HitchhikeStats;
+pub use journal::{DeltaCounts, JournalStats};
 
 pub use config::{Config, FetchPolicy, IoPath, LockMode, MountCheck, Stack};
 pub use error::{Error, ErrorKind, Result};

@@ -8,6 +8,7 @@ use crate::error::Result;
 use crate::format::BLOCK;
 use crate::fs::meta::Meta;
 use crate::fs::FsInner;
+use crate::hitchhike::Route;
 use parking_lot::{Condvar, Mutex};
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
@@ -22,6 +23,17 @@ pub(crate) struct StartedWriteback {
     written: Vec<Arc<Page>>,
     /// An error placing the pages (the rest were not written).
     mapped: Result<()>,
+}
+
+/// What a write-back is for.
+#[derive(Clone, Copy)]
+pub(crate) enum Wb<'a> {
+    /// Freeing the cache (pressure, the write-back thread).
+    Plain,
+    /// A commit, for the fsyncs of these files if any.
+    Commit(Option<&'a BTreeSet<u64>>),
+    /// An fsync of these files, before the commit it may need.
+    Sync(&'a BTreeSet<u64>),
 }
 
 enum WritebackIo {
@@ -51,14 +63,18 @@ pub(crate) fn writeback_thread(fs: Weak<FsInner>, wake: Arc<(Mutex<bool>, Condva
                 // Write back until well under the limit, waking throttled writers
                 // after every round.
                 loop {
+                    let before = inner.stats.data_writes.load(Ordering::Relaxed);
                     let r = inner.writeback();
+                    // Nothing written: what is dirty waits for a commit (pages the
+                    // journal carries), or for a fetch.
+                    let stuck = inner.stats.data_writes.load(Ordering::Relaxed) == before;
                     // Under the lock the writers check under: no wake-up is lost.
                     drop(inner.throttle.0.lock());
                     inner.throttle.1.notify_all();
                     if let Err(e) = &r {
                         tracing::error!("background write-back failed: {e}");
                     }
-                    if r.is_err() || inner.pressure() < 0.25 {
+                    if r.is_err() || stuck || inner.pressure() < 0.25 {
                         break;
                     }
                 }
@@ -66,6 +82,9 @@ pub(crate) fn writeback_thread(fs: Weak<FsInner>, wake: Arc<(Mutex<bool>, Condva
             // A commit every interval, and whenever the transaction grew big.
             if !kicked || inner.commit_due.swap(false, Ordering::AcqRel) {
                 inner.commit_due.store(false, Ordering::Release);
+                if !kicked {
+                    inner.hitchhike_age();
+                }
                 if let Err(e) = inner.commit() {
                     tracing::error!("periodic commit failed: {e}");
                 }
@@ -75,6 +94,37 @@ pub(crate) fn writeback_thread(fs: Weak<FsInner>, wake: Arc<(Mutex<bool>, Condva
 }
 
 impl FsInner {
+    /// Age the hitchhiking buffer (once per interval of the write-back thread): the
+    /// pages of blocks it lets go are marked dirty, so that the next commit writes them
+    /// home whole and revokes their records.
+    pub(crate) fn hitchhike_age(&self) {
+        self.mark_pages_dirty(self.hitch.age());
+    }
+
+    /// Write home whole the blocks of `ino` the journal carries (hitchhiking), so that
+    /// the medium's copies are current: before an operation that drops the file's
+    /// pages and reads its blocks back from their new places. The caller holds the
+    /// commit lock.
+    pub(crate) fn hitchhike_settle_file(&self, ino: u64) -> Result<()> {
+        let pages = self.hitch.mark_file(ino);
+        if pages.is_empty() {
+            return Ok(());
+        }
+        self.mark_pages_dirty(pages);
+        self.commit_locked()
+    }
+
+    fn mark_pages_dirty(&self, pages: Vec<Arc<Page>>) {
+        for p in pages {
+            let mut g = p.lock();
+            if g.state == crate::cache::PageState::UpToDate {
+                g.state = crate::cache::PageState::Dirty;
+                drop(g);
+                self.cache.mark_dirty_if_held(&p);
+            }
+        }
+    }
+
     /// How full the cache is of changes not yet written: dirty pages against the
     /// dirty limit, or patch bytes against patch memory, whichever is fuller (1.0 is
     /// at the limit). Write-back starts at 0.5 and writers wait at 1.0; a Lazy fetch
@@ -120,7 +170,12 @@ impl FsInner {
 
     /// Write back the dirty pages of exactly the inodes in `selection` (None: all).
     pub(crate) fn writeback_of(&self, selection: Option<&BTreeSet<u64>>) -> Result<bool> {
-        match self.writeback_begin(false, selection)? {
+        self.writeback_for(selection, Wb::Plain)
+    }
+
+    /// `writeback_of`, for a commit or an fsync (`Wb`).
+    pub(crate) fn writeback_for(&self, selection: Option<&BTreeSet<u64>>, why: Wb<'_>) -> Result<bool> {
+        match self.writeback_begin(false, selection, why)? {
             None => Ok(false),
             Some(s) => self.writeback_end(s).map(|()| true),
         }
@@ -183,10 +238,13 @@ impl FsInner {
     /// true (the asynchronous stack's commit): every chunk is started and none waited
     /// for, so that the caller builds and starts the journal while the data is in
     /// flight. None if nothing was dirty. The caller holds the commit lock.
+    /// `why`: what the write-back is for, so that `hitchhike` may carry pages in a
+    /// commit's journal transaction instead of writing them in place.
     pub(crate) fn writeback_begin(
         &self,
         overlap: bool,
         selection: Option<&BTreeSet<u64>>,
+        why: Wb<'_>,
     ) -> Result<Option<StartedWriteback>> {
         let pages = match selection {
             None => self.cache.take_dirty(),
@@ -209,7 +267,7 @@ impl FsInner {
                 if chunk.is_empty() {
                     return None;
                 }
-                let ops = self.prepare_writeback(chunk, &mut written, &mut mapped);
+                let ops = self.prepare_writeback(chunk, &mut written, &mut mapped, why);
                 if !ops.is_empty() {
                     return Some(ops);
                 }
@@ -265,6 +323,7 @@ impl FsInner {
         chunk: Vec<Arc<Page>>,
         written: &mut Vec<Arc<Page>>,
         mapped: &mut Result<()>,
+        why: Wb<'_>,
     ) -> Vec<Op> {
         let mut items: Vec<(Arc<Page>, AlignedBuf)> = Vec::with_capacity(chunk.len());
         for p in chunk {
@@ -300,6 +359,10 @@ impl FsInner {
         // over data that is not dirty yet); they stay dirty for the write-back after
         // it. (Pages of a truncate or a delete in progress are dropped by it.)
         let mut past_end: Vec<(Arc<Page>, AlignedBuf)> = Vec::new();
+        // Pages the journal carries (clean once their buffers are back) and pages
+        // that must wait for a commit (`hitchhike::Route`).
+        let mut journaled: Vec<(Arc<Page>, AlignedBuf)> = Vec::new();
+        let mut wait: Vec<(Arc<Page>, AlignedBuf)> = Vec::new();
         {
             let mut m = self.meta.lock();
             let mut items = kept.into_iter().peekable();
@@ -319,15 +382,28 @@ impl FsInner {
                     }
                 };
                 for ((p, buf), b) in run.into_iter().zip(phys) {
-                    match b {
-                        Some(b) => placed.push((b, p, buf)),
-                        None => past_end.push((p, buf)),
+                    let Some((b, fresh)) = b else {
+                        past_end.push((p, buf));
+                        continue;
+                    };
+                    // Under the metadata lock: a block freed meanwhile is not staged.
+                    let (commit, sync) = match why {
+                        Wb::Plain => (false, None),
+                        Wb::Commit(sync) => (true, sync),
+                        Wb::Sync(sync) => (false, Some(sync)),
+                    };
+                    let sync = sync.is_some_and(|f| f.contains(&ino));
+                    match self.hitch.route(b, &p, &buf, commit, sync, fresh) {
+                        Route::InPlace => placed.push((b, p, buf)),
+                        Route::Journal => journaled.push((p, buf)),
+                        Route::Keep => wait.push((p, buf)),
                     }
                 }
             }
         }
         unplaced.into_iter().for_each(|(p, buf)| p.end_writeback(buf));
-        for (p, buf) in past_end {
+        journaled.into_iter().for_each(|(p, buf)| p.end_writeback(buf));
+        for (p, buf) in past_end.into_iter().chain(wait) {
             p.abort_writeback(buf);
             self.cache.mark_dirty_if_held(&p);
         }
@@ -347,7 +423,9 @@ impl FsInner {
 
     /// Device blocks for `n` consecutive pages of `ino` from `idx`, allocating the
     /// unmapped ones; None for pages past the end of the file or of a freed inode.
-    fn map_run(&self, m: &mut Meta, ino: u64, idx: u64, n: u64) -> Result<Vec<Option<u64>>> {
+    /// With each block, whether it is fresh: allocated now, or unwritten until now
+    /// (what it held before reads as zeros).
+    fn map_run(&self, m: &mut Meta, ino: u64, idx: u64, n: u64) -> Result<Vec<Option<(u64, bool)>>> {
         let Ok(cell) = m.cell(ino) else {
             return Ok(vec![None; n as usize]);
         };
@@ -369,12 +447,14 @@ impl FsInner {
             if let Some(b) = node.map(lblk) {
                 // An unwritten block is written from now on: in the transaction that
                 // this write-back precedes (as for a new allocation).
+                let mut fresh = false;
                 if node.is_unwritten(lblk) && node.set_written(lblk, lblk + 1, false) {
                     node.data_meta_dirty = true;
                     node.register(&tx, None);
+                    fresh = true;
                 }
                 node.converting.remove(&lblk);
-                out.push(Some(b));
+                out.push(Some((b, fresh)));
                 k += 1;
                 continue;
             }
@@ -396,7 +476,7 @@ impl FsInner {
             node.data_meta_dirty = true;
             node.register(&tx, None);
             for i in 0..got {
-                out.push(Some(first + i));
+                out.push(Some((first + i, true)));
             }
             k += got;
         }

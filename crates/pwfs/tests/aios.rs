@@ -112,7 +112,9 @@ fn holes_and_patched_pages_read_right_under_the_async_stack() {
 fn fsync_under_the_async_stack_is_durable() {
     let image = formatted_image(16 * MIB, &MkfsOptions::default());
     let cfg = SimConfig { latency: Duration::from_micros(30), ..Default::default() };
-    let (dev, fs) = sim_fs(image, cfg, async_config());
+    // Without hitchhiking (which carries these small writes in the commit block
+    // alone: tests/hitchhike.rs).
+    let (dev, fs) = sim_fs(image, cfg, Config { hitchhike: false, ..async_config() });
     let base = dev.start_recording();
     let f = OpenOptions::new().write(true).create(true).open(&fs, "/a").unwrap();
     f.write_at(&page(1), 0).unwrap();
@@ -238,7 +240,9 @@ fn overwrites_within_a_clock_tick_make_fsync_commit_nothing() {
     for stack in [Stack::Sync, Stack::Async] {
         let (dev, fs) = mem_fs(16 * MIB);
         fs.unmount().unwrap();
-        let fs = Fs::mount(dev, Config { stack, ..test_config() }).unwrap();
+        // Without hitchhiking: with it, a block the journal carries is committed by
+        // each fsync (a commit block instead of the in-place write).
+        let fs = Fs::mount(dev, Config { stack, hitchhike: false, ..test_config() }).unwrap();
         let f = OpenOptions::new().read(true).write(true).create(true).open(&fs, "/db").unwrap();
         f.write_at(&page(0), 0).unwrap();
         f.sync_all().unwrap();

@@ -8,18 +8,21 @@
 //! the code paths that write.
 
 use super::{AlignedBuf, Device, Done, Op, Pending};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub struct Gate {
     inner: Arc<dyn Device>,
     /// Set once, never cleared: a closed gate stays closed for the mount's life.
     closed: AtomicBool,
+    /// Requests passed on: writes (FUA writes included), FUA writes, flushes, and
+    /// bytes written.
+    counts: [AtomicU64; 4],
 }
 
 impl Gate {
     pub fn new(inner: Arc<dyn Device>) -> Gate {
-        Gate { inner, closed: AtomicBool::new(false) }
+        Gate { inner, closed: AtomicBool::new(false), counts: Default::default() }
     }
 
     /// Refuse every later op.
@@ -31,9 +34,43 @@ impl Gate {
         self.closed.load(Ordering::Acquire)
     }
 
+    /// Requests passed to the device so far.
+    pub fn counters(&self) -> DeviceCounters {
+        let l = |i: usize| self.counts[i].load(Ordering::Relaxed);
+        DeviceCounters { writes: l(0), fua_writes: l(1), flushes: l(2), bytes_written: l(3) }
+    }
+
+    fn count(&self, ops: &[Op]) {
+        for op in ops {
+            let i = match op.kind {
+                super::OpKind::Write => 0,
+                super::OpKind::WriteFua => 1,
+                super::OpKind::Flush => 2,
+                super::OpKind::Read => continue,
+            };
+            if i < 2 {
+                self.counts[0].fetch_add(1, Ordering::Relaxed);
+                self.counts[3].fetch_add(op.len(), Ordering::Relaxed);
+            }
+            if i > 0 {
+                self.counts[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
     fn refuse(ops: Vec<Op>) -> Vec<Done> {
         ops.into_iter().map(|op| Done { bufs: op.bufs, result: Err(super::DevError::Io(libc::EIO)) }).collect()
     }
+}
+
+/// What a mount asked of its device (`Fs::device_counters`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceCounters {
+    /// Write requests, FUA writes included.
+    pub writes: u64,
+    pub fua_writes: u64,
+    pub flushes: u64,
+    pub bytes_written: u64,
 }
 
 impl Device for Gate {
@@ -45,6 +82,7 @@ impl Device for Gate {
         if self.is_closed() {
             return Pending::ready(Gate::refuse(ops));
         }
+        self.count(&ops);
         self.inner.start(ops)
     }
 
@@ -59,6 +97,7 @@ impl Device for Gate {
                 Some(Vec::new())
             }
             Some(ops) => {
+                self.count(&ops);
                 batches.push(Ok(ops.len()));
                 Some(ops)
             }

@@ -115,7 +115,7 @@ impl SimDevice {
         }
     }
 
-    /// Hold every flush from now on until `release_flushes`: a test can keep a commit
+    /// Hold every flush (and FUA write) from now on until `release_flushes`: a test can keep a commit
     /// in the middle of its I/O.
     pub fn hold_flushes(&self) {
         self.shared.gate.lock().0 = true;
@@ -281,7 +281,8 @@ impl SimBatch {
     fn advance(&mut self, block: bool) -> bool {
         while self.next < self.ops.len() {
             let op = &mut self.ops[self.next];
-            if op.kind == OpKind::Flush && op.bufs.is_empty() {
+            // A FUA write includes a flush: it is held back with them.
+            if (op.kind == OpKind::Flush && op.bufs.is_empty()) || op.kind == OpKind::WriteFua {
                 let mut g = self.dev.gate.lock();
                 if g.0 && !self.at_gate {
                     g.1 += 1;

@@ -27,6 +27,8 @@ pub struct Meta {
     blocks: HashMap<u64, AlignedBuf, NumHash>,
     /// Committed since the last checkpoint: the cached copy is newer than home.
     pub pinned: HashSet<u64, NumHash>,
+    /// The hitchhiking buffer: a data block it holds is revoked when freed.
+    pub hitch: Arc<crate::hitchhike::Hitchhike>,
     /// Directory blocks changed in the running transaction and not sealed since: their
     /// checksums are computed once, when the transaction closes or the block is
     /// decoded (`sealed`), not at every entry they gain or lose.
@@ -114,6 +116,7 @@ impl Meta {
             dev,
             blocks: HashMap::default(),
             pinned: HashSet::default(),
+            hitch: Arc::new(crate::hitchhike::Hitchhike::new(false, 0, 0, 0)),
             unsealed: HashSet::default(),
             recent: Default::default(),
             table,
@@ -347,7 +350,7 @@ impl Meta {
             images.push((b, copy));
         }
         let frees = self.alloc.take_pending();
-        Ok((Transaction { images, revokes: revokes.into_iter().collect(), extra: Vec::new() }, frees))
+        Ok((Transaction { images, revokes: revokes.into_iter().collect(), data: Vec::new() }, frees))
     }
 
     /// The index of a block- or inode-bitmap block among its kind (its checksum's seed).
@@ -442,7 +445,8 @@ impl Meta {
         self.mark_blocks(first, count, false)?;
         self.alloc.free(first, count);
         for b in first..first + count {
-            if journaled {
+            // A data block the journal carries (hitchhiking) is revoked like metadata.
+            if journaled || self.hitch.forget(b) {
                 self.tx.revoke(b);
                 self.pinned.remove(&b);
             }

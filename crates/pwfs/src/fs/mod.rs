@@ -100,6 +100,8 @@ pub(crate) struct FsInner {
     pub(crate) inodes: Arc<inode::InodeTable>,
     /// The running transaction's bookkeeping.
     pub(crate) tx: Arc<tx::Tx>,
+    /// The hitchhiking buffer (mechanism 3).
+    pub(crate) hitch: Arc<crate::hitchhike::Hitchhike>,
     /// Serializes write-back, commit, and block freeing (see `lock` for the order).
     pub(crate) commit_lock: Mutex<()>,
     /// Commits begun and completed (`commit_locked`), for group commit.
@@ -209,10 +211,13 @@ impl Fs {
         }
         let gate = Arc::new(crate::device::gate::Gate::new(dev));
         let dev: Arc<dyn Device> = gate.clone();
-        let (sb, used_backup) = read_superblock(&*dev)?;
+        let (mut sb, used_backup) = read_superblock(&*dev)?;
         if mount::needs_check(&sb, &config) {
             // Before anything is written: a damaged image is refused unchanged.
             mount::check(&*dev)?;
+        }
+        if !config.read_only && !used_backup && sb.version < f::VERSION {
+            mount::upgrade(&*dev, &mut sb)?;
         }
         let clean = mount::CleanFlag::new(&sb, used_backup, config.read_only);
         let scan = journal::scan(&*dev, &sb)?;
@@ -222,7 +227,7 @@ impl Fs {
             ..Default::default()
         };
         let preloaded = if config.read_only {
-            journal::plan(&scan)
+            journal::plan(&scan)?
         } else {
             if !scan.transactions.is_empty() {
                 clean.before_change(&*dev, &sb)?;
@@ -232,8 +237,15 @@ impl Fs {
         };
         let inodes = Arc::new(inode::InodeTable::default());
         let tx = Arc::new(tx::Tx::new(sb.block_bitmap_blocks));
-        let meta = Meta::load(sb.clone(), dev.clone(), preloaded, inodes.clone(), tx.clone())?;
-        let journal = Journal::new(&sb, scan.next_seq());
+        let mut meta = Meta::load(sb.clone(), dev.clone(), preloaded, inodes.clone(), tx.clone())?;
+        let journal = Journal::new(&sb, scan.next_seq()).with_deltas(config.hitchhike);
+        let hitch = Arc::new(crate::hitchhike::Hitchhike::new(
+            config.hitchhike && !config.read_only,
+            config.hitchhike_blocks,
+            journal.capacity(),
+            sb.block_bitmap_blocks + 32,
+        ));
+        meta.hitch = hitch.clone();
         let inner = Arc::new(FsInner {
             tx_cap: journal.capacity(),
             journal: Mutex::new(journal),
@@ -246,6 +258,7 @@ impl Fs {
             meta: crate::lock::SpinMutex::new(meta),
             inodes,
             tx,
+            hitch,
             commit_lock: Mutex::new(()),
             commits_begun: Default::default(),
             commits_done: Default::default(),
@@ -448,6 +461,17 @@ impl Fs {
         }
     }
 
+    /// Requests this mount passed to its device.
+    pub fn device_counters(&self) -> crate::device::gate::DeviceCounters {
+        self.inner.gate.counters()
+    }
+
+    /// Hitchhiking counters (mechanism 3).
+    pub fn hitchhike_stats(&self) -> crate::hitchhike::HitchhikeStats {
+        let j = self.inner.journal.lock().stats;
+        self.inner.hitch.stats(&j)
+    }
+
     pub fn journal_stats(&self) -> journal::JournalStats {
         self.inner.journal.lock().stats
     }
@@ -589,6 +613,7 @@ impl FsInner {
         let _c = self.commit_lock.lock();
         let r = self.journal.lock().checkpoint(&*self.dev);
         r.map_err(|e| self.poison(e))?;
+        self.hitch.checkpointed();
         let orphans = {
             let mut m = self.meta.lock();
             m.pinned.clear();

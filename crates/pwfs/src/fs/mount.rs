@@ -57,6 +57,24 @@ pub(crate) fn set_clean(dev: &dyn Device, sb: &Superblock, clean: bool) -> Resul
     Ok(())
 }
 
+/// Raise an older image to this build's format version before a writable mount
+/// changes anything (version 1 images hold nothing version 2 reads differently; from
+/// now on commits may carry hitchhiked deltas, which a version-1 build would not
+/// replay, so it must refuse the image). Backup first, then the primary, each keeping
+/// its own state word.
+pub(crate) fn upgrade(dev: &dyn Device, sb: &mut Superblock) -> Result<()> {
+    let from = sb.version;
+    sb.version = crate::format::VERSION;
+    let mut buf = dev.alloc(BLOCK_SIZE);
+    Superblock { clean: false, ..sb.clone() }.encode(&mut buf);
+    let (_, r) = dev.write((sb.total_blocks - 1) * crate::format::BLOCK, buf);
+    r?;
+    dev.flush()?;
+    set_clean(dev, sb, sb.clean)?;
+    tracing::info!("image upgraded from format version {from} to {}", sb.version);
+    Ok(())
+}
+
 /// What the medium's state word says, for a writable mount.
 pub(crate) struct CleanFlag {
     /// The state word on the medium says clean.

@@ -1593,8 +1593,13 @@ impl Fs {
         // This file's pages only: write-back may allocate (and so set
         // `data_meta_dirty`), which then needs the commit, which writes whatever else
         // that commit stores.
-        self.inner.writeback_of(Some(&[ino].into()))?;
-        if self.inner.cell(ino)?.lock().data_meta_dirty {
+        let kept = self.inner.hitch.kept.load(std::sync::atomic::Ordering::Relaxed);
+        let file = [ino].into();
+        self.inner.writeback_for(Some(&file), crate::writeback::Wb::Sync(&file))?;
+        // A page the journal carries (hitchhiking) is not written in place: the
+        // commit carries it.
+        let carried = self.inner.hitch.kept.load(std::sync::atomic::Ordering::Relaxed) != kept;
+        if carried || self.inner.cell(ino)?.lock().data_meta_dirty {
             return self.inner.commit_locked_for(Some(ino));
         }
         self.inner.take_unflushed();

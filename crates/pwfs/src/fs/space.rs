@@ -298,6 +298,9 @@ impl Fs {
         })?;
         let credit = m.keep_credit();
         let _c = self.inner.commit_lock.lock();
+        // Blocks the journal carries are written home first: their pages are dropped
+        // and read back from the medium below.
+        self.inner.hitchhike_settle_file(ino)?;
         self.inner.writeback_locked()?;
         let dropped = self.inner.cache.drop_range(ino, from, cell.pages_end().max(from));
         self.inner.forget_pages(dropped);

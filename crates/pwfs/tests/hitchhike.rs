@@ -1,0 +1,284 @@
+//! Hitchhiking (mechanism 3): small fsync'd writes ride as deltas in the commit block.
+//! What the device sees per fsync, and that every fsync'd byte survives a crash at any
+//! point (torn and dropped writes, crashes during recovery), across checkpoints,
+//! retirement of idle blocks, and frees of carried blocks.
+
+mod common;
+use common::*;
+use pwfs::device::mem::MemDevice;
+use pwfs::device::sim::{crash_image, SimConfig, SimDevice};
+use pwfs::{Config, Fs, MkfsOptions, OpenOptions, Stack};
+use std::sync::Arc;
+
+fn config(stack: Stack, hitchhike: bool) -> Config {
+    Config { stack, hitchhike, ..test_config() }
+}
+
+/// Bytes that differ at every position and from every other record (so that a stale
+/// or misplaced block never matches).
+fn record(i: u64, len: usize) -> Vec<u8> {
+    (0..len as u64).map(|j| (i.wrapping_mul(131) ^ j.wrapping_mul(7) ^ (i >> 8)) as u8 | 1).collect()
+}
+
+/// Append `n` records of `len` bytes to /log with an fsync after each; returns the
+/// device's log length after each fsync returned, and the file's contents then.
+fn appends(fs: &Fs, dev: &SimDevice, n: u64, len: usize, datasync: bool) -> Vec<(usize, Vec<u8>)> {
+    let f = OpenOptions::new().write(true).create(true).open(fs, "/log").unwrap();
+    let mut content = Vec::new();
+    let mut out = vec![(dev.log_len(), Vec::new())];
+    for i in 0..n {
+        let r = record(i, len);
+        f.write_at(&r, content.len() as u64).unwrap();
+        content.extend_from_slice(&r);
+        if datasync {
+            f.sync_data().unwrap();
+        } else {
+            f.sync_all().unwrap();
+        }
+        out.push((dev.log_len(), content.clone()));
+    }
+    out
+}
+
+fn read_all(fs: &Fs, path: &str) -> Vec<u8> {
+    let f = OpenOptions::new().read(true).open(fs, path).unwrap();
+    let size = fs.metadata(path).unwrap().size as usize;
+    let mut buf = vec![0u8; size];
+    assert_eq!(f.read_at(&mut buf, 0).unwrap(), size);
+    buf
+}
+
+#[test]
+fn a_small_append_and_fsync_costs_one_write_and_no_flush_of_its_own() {
+    for stack in [Stack::Async, Stack::Sync] {
+        let image = formatted_image(16 * MIB, &MkfsOptions::default());
+        let (dev, fs) = sim_fs(image, SimConfig::default(), config(stack, true));
+        let f = OpenOptions::new().write(true).create(true).open(&fs, "/log").unwrap();
+        f.write_at(b"first", 0).unwrap();
+        f.sync_all().unwrap();
+        let before = dev.stats();
+        let hh = fs.hitchhike_stats();
+        let n = 50u64;
+        for i in 0..n {
+            f.write_at(&record(i, 64), 5 + i * 64).unwrap();
+            f.sync_all().unwrap();
+        }
+        let after = dev.stats();
+        let hh2 = fs.hitchhike_stats();
+        let writes = after.writes - before.writes;
+        let flushes = after.flushes - before.flushes;
+        match stack {
+            // The commit block alone, written through (FUA).
+            Stack::Async => {
+                assert_eq!(writes, n, "{stack:?}: one write per fsync");
+                assert_eq!(after.fua_writes - before.fua_writes, n);
+                assert_eq!(flushes, 0, "{stack:?}: no flush besides the FUA write");
+            }
+            // The commit block, then a flush.
+            Stack::Sync => {
+                assert_eq!(writes, n, "{stack:?}: one write per fsync");
+                assert_eq!(flushes, n, "{stack:?}: one flush per fsync");
+            }
+        }
+        assert_eq!(hh2.hitchhiked - hh.hitchhiked, n, "{stack:?}: every append hitchhiked");
+        assert_eq!(hh2.commit_only - hh.commit_only, n);
+        assert!(hh2.meta_deltas - hh.meta_deltas >= n, "{stack:?}: the inode rides as a delta too");
+        drop(f);
+        // Unmount writes the carried blocks home; the image is whole without a journal.
+        fs.unmount().unwrap();
+        fsck_clean(&*dev);
+        let fs = Fs::mount(dev.clone(), config(stack, false)).unwrap();
+        let got = read_all(&fs, "/log");
+        assert_eq!(&got[..5], b"first");
+        for i in 0..n {
+            let at = 5 + i as usize * 64;
+            assert_eq!(got[at..at + 64], record(i, 64)[..], "{stack:?}: record {i}");
+        }
+    }
+}
+
+#[test]
+fn off_switch_writes_blocks_whole() {
+    let image = formatted_image(16 * MIB, &MkfsOptions::default());
+    let (dev, fs) = sim_fs(image, SimConfig::default(), config(Stack::Async, false));
+    let f = OpenOptions::new().write(true).create(true).open(&fs, "/log").unwrap();
+    f.write_at(b"first", 0).unwrap();
+    f.sync_all().unwrap();
+    let before = dev.stats();
+    for i in 0..20u64 {
+        f.write_at(&record(i, 64), 5 + i * 64).unwrap();
+        f.sync_all().unwrap();
+    }
+    let after = dev.stats();
+    assert!(after.writes - before.writes >= 40, "data block and journal per fsync");
+    assert_eq!(fs.hitchhike_stats().hitchhiked, 0);
+    assert_eq!(fs.hitchhike_stats().meta_deltas, 0);
+}
+
+/// Every crash point of an append+fsync run: the recovered file holds at least what
+/// the last fsync that returned had written, at most what the next one would, and a
+/// crash during recovery changes nothing of that.
+fn crash_points(stack: Stack, len: usize, n: u64, journal: u64, datasync: bool) {
+    let image = formatted_image(8 * MIB, &MkfsOptions { inodes: Some(256), journal_blocks: Some(journal) });
+    let latency = if stack == Stack::Async { std::time::Duration::from_micros(10) } else { Default::default() };
+    let dev = Arc::new(SimDevice::new(image, SimConfig { latency, ..Default::default() }));
+    let base = dev.start_recording();
+    let fs = Fs::mount(dev.clone(), config(stack, true)).unwrap();
+    let syncs = appends(&fs, &dev, n, len, datasync);
+    let hh = fs.hitchhike_stats();
+    assert!(hh.hitchhiked > 0, "nothing hitchhiked: {hh:?}");
+    drop(fs);
+    let log = dev.log();
+    let step = (log.len() / 60).max(1);
+    let mut checked = 0;
+    for k in (0..=log.len()).step_by(step).chain([log.len()]) {
+        let ctx = format!("{stack:?} len {len}: crash at {k} of {}", log.len());
+        let img = crash_image(&base, &log, k, k as u64 * 31 + len as u64);
+        let r = pwfs::fsck::check(&MemDevice::from_vec(img.clone())).unwrap();
+        assert!(r.is_clean(), "{ctx}: fsck before recovery:\n{}", r.errors.join("\n"));
+        let i = syncs.iter().rposition(|(at, _)| *at <= k).unwrap();
+        let low = &syncs[i].1;
+        let high = &syncs.get(i + 1).unwrap_or(&syncs[i]).1;
+        // Recovery crashed part-way, then recovered again.
+        let rec = Arc::new(SimDevice::new(img.clone(), SimConfig::default()));
+        let rec_base = rec.start_recording();
+        drop(Fs::mount(rec.clone(), test_config()).unwrap_or_else(|e| panic!("{ctx}: mount: {e}")));
+        let rlog = rec.log();
+        let cut = if rlog.is_empty() { 0 } else { (k * 7) % rlog.len() };
+        let img2 = crash_image(&rec_base, &rlog, cut, k as u64);
+        for (which, img) in [("recovered", img), ("recovered after a crash in recovery", img2)] {
+            let dev = Arc::new(MemDevice::from_vec(img));
+            let fs = Fs::mount(dev.clone(), test_config()).unwrap_or_else(|e| panic!("{ctx}: {which}: {e}"));
+            let got = if fs.metadata("/log").is_ok() { read_all(&fs, "/log") } else { Vec::new() };
+            assert!(
+                got.len() >= low.len() && got.len() <= high.len(),
+                "{ctx}: {which}: {} bytes, synced {} (next {})",
+                got.len(),
+                low.len(),
+                high.len()
+            );
+            assert_eq!(got[..low.len()], low[..], "{ctx}: {which}: fsync'd bytes lost or wrong");
+            assert_eq!(got[..], high[..got.len()], "{ctx}: {which}: bytes never written");
+            fs.unmount().unwrap();
+            fsck_clean(&*dev);
+            checked += 1;
+        }
+    }
+    assert!(checked > 20);
+}
+
+#[test]
+fn crash_points_of_64_byte_appends() {
+    crash_points(Stack::Async, 64, 150, 1024, false);
+}
+
+#[test]
+fn crash_points_of_1k_appends_sync_stack_with_fdatasync() {
+    crash_points(Stack::Sync, 1024, 40, 1024, true);
+}
+
+#[test]
+fn crash_points_across_checkpoints() {
+    // A journal of 64 blocks: the log fills and is checkpointed many times while
+    // blocks are carried (their deltas must never lose their base).
+    crash_points(Stack::Async, 200, 200, 64, false);
+}
+
+#[test]
+fn a_freed_carried_block_is_revoked_before_reuse() {
+    let image = formatted_image(8 * MIB, &MkfsOptions { inodes: Some(256), journal_blocks: Some(1024) });
+    let dev = Arc::new(SimDevice::new(image, SimConfig::default()));
+    let base = dev.start_recording();
+    let fs = Fs::mount(dev.clone(), config(Stack::Async, true)).unwrap();
+    let a = OpenOptions::new().write(true).create(true).open(&fs, "/a").unwrap();
+    for i in 0..10u64 {
+        a.write_at(&record(i, 100), i * 100).unwrap();
+        a.sync_all().unwrap();
+    }
+    assert!(fs.hitchhike_stats().buffered > 0);
+    // Its blocks freed, and reused at once by a large write that goes in place.
+    fs.remove_file("/a").unwrap();
+    drop(a);
+    fs.sync().unwrap();
+    let b = OpenOptions::new().write(true).create(true).open(&fs, "/b").unwrap();
+    let big: Vec<u8> = (0..64 * 4096u64).map(|i| (i % 251) as u8).collect();
+    b.write_at(&big, 0).unwrap();
+    b.sync_all().unwrap();
+    drop(b);
+    drop(fs);
+    // The journal still holds /a's deltas: replay must not write them over /b.
+    let log = dev.log();
+    let img = crash_image(&base, &log, log.len(), 1);
+    let dev = Arc::new(MemDevice::from_vec(img));
+    let fs = Fs::mount(dev.clone(), test_config()).unwrap();
+    assert!(fs.metadata("/a").is_err());
+    assert_eq!(read_all(&fs, "/b"), big);
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}
+
+#[test]
+fn idle_blocks_are_written_home_and_leave_the_buffer() {
+    let image = formatted_image(16 * MIB, &MkfsOptions::default());
+    let cfg = Config { writeback_interval: Some(std::time::Duration::from_millis(20)), ..config(Stack::Async, true) };
+    let (dev, fs) = sim_fs(image, SimConfig::default(), cfg);
+    let f = OpenOptions::new().write(true).create(true).open(&fs, "/log").unwrap();
+    for i in 0..8u64 {
+        f.write_at(&record(i, 64), i * 64).unwrap();
+        f.sync_all().unwrap();
+    }
+    assert_eq!(fs.hitchhike_stats().buffered, 1);
+    // Idle: within a few intervals the block is written home and revoked.
+    let t = std::time::Instant::now();
+    while fs.hitchhike_stats().buffered > 0 {
+        assert!(t.elapsed() < std::time::Duration::from_secs(20), "block never retired");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(fs.hitchhike_stats().retired, 1);
+    // The medium's copy is whole now, with the journal still holding the old deltas
+    // (revoked): a crash image of this moment reads right.
+    let img = dev.snapshot();
+    let fs2 = Fs::mount(Arc::new(MemDevice::from_vec(img)), test_config()).unwrap();
+    let got = read_all(&fs2, "/log");
+    for i in 0..8usize {
+        assert_eq!(got[i * 64..i * 64 + 64], record(i as u64, 64)[..]);
+    }
+    // Later appends hitchhike again, from a fresh durable version.
+    f.write_at(&record(99, 64), 8 * 64).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}
+
+#[test]
+fn overwrites_in_a_preallocated_file_hitchhike_and_survive() {
+    let image = formatted_image(16 * MIB, &MkfsOptions::default());
+    let dev = Arc::new(SimDevice::new(image, SimConfig::default()));
+    let base = dev.start_recording();
+    let fs = Fs::mount(dev.clone(), config(Stack::Async, true)).unwrap();
+    let f = OpenOptions::new().read(true).write(true).create(true).open(&fs, "/db").unwrap();
+    f.allocate(0, 0, 16 * 4096).unwrap();
+    f.sync_all().unwrap();
+    let mut model = vec![0u8; 16 * 4096];
+    let mut rng: u64 = 7;
+    let mut durable = Vec::new();
+    for i in 0..60u64 {
+        rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let off = ((rng >> 33) % (16 * 4096 - 256)) as usize;
+        let r = record(i, 256);
+        f.write_at(&r, off as u64).unwrap();
+        model[off..off + 256].copy_from_slice(&r);
+        f.sync_data().unwrap();
+        durable.push((dev.log_len(), model.clone()));
+    }
+    assert!(fs.hitchhike_stats().hitchhiked > 30, "{:?}", fs.hitchhike_stats());
+    drop(f);
+    drop(fs);
+    let log = dev.log();
+    for (k, want) in durable.iter().step_by(7) {
+        let img = crash_image(&base, &log, *k, *k as u64);
+        let fs = Fs::mount(Arc::new(MemDevice::from_vec(img)), test_config()).unwrap();
+        assert_eq!(read_all(&fs, "/db"), *want, "crash after {k} of {}", log.len());
+    }
+}
