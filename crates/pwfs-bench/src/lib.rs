@@ -18,6 +18,11 @@
 //! - `fuse`: untar, 4 KiB random writes with fsync every 64, cold 4 KiB random reads,
 //!   1 MiB sequential write and read, `git status` over 10,000 files; on a pwfs FUSE
 //!   mount against ext4 on the same disk.
+//! - `hitchhike`: small synchronous writes (mechanism 3): appends and random overwrites
+//!   of 64 B-4 KiB with fsync after each and a varmail-like mix, with hitchhiking on
+//!   and off, against ext4 and ext4 with fast commits (a loop device); ops/s, latency,
+//!   device writes, bytes and flushes per op, and the recognition ratio of small writes
+//!   beside the Hitchhike paper's Table 2.
 //! - `nbw`: the non-blocking-writes experiment: five Filebench personalities × six
 //!   I/O sizes, fetch policies Blocking/Async-FG/Async-BG/Lazy against ext4, cold.
 //! - `scale`: 1, 2, 4 and 8 threads doing overwrites, shared cached reads,
@@ -29,6 +34,7 @@ pub mod aios;
 pub mod apps;
 pub mod basic;
 pub mod fuse;
+pub mod hitchhike;
 pub mod kernel;
 pub mod nbw;
 pub mod personalities;

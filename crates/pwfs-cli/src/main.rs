@@ -135,10 +135,10 @@ enum Cmd {
         #[arg(long)]
         json: Option<PathBuf>,
         /// Run these parts alone (comma-separated). aios: reads, threads, fsync, apps
-        /// (RocksDB db_bench through a FUSE mount); apps: db_bench, sqlite, fio, pread; nbw:
-        /// seqwrite, randwrite, randrw, randread, seqread, fuse; scale: overwrite, read,
-        /// create, smallwrite; fuse: untar, find, randwrite, cached, cold, appends, seq, git,
-        /// fileserver, webproxy, varmail, randomrw.
+        /// (RocksDB db_bench through a FUSE mount); apps: db_bench, sqlite, fio, pread;
+        /// hitchhike: append, overwrite, varmail; nbw: seqwrite, randwrite, randrw, randread,
+        /// seqread, fuse; scale: overwrite, read, create, smallwrite; fuse: untar, find,
+        /// randwrite, cached, cold, appends, seq, git, fileserver, webproxy, varmail, randomrw.
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
         /// Run nothing: draw the plot of `pwfs bench aios` from these JSON records
@@ -219,6 +219,9 @@ enum Workload {
     Basic,
     /// Untar, random writes with fsync, reads, sequential I/O, git status: a FUSE mount vs ext4.
     Fuse,
+    /// Small writes + fsync (appends, overwrites, varmail mix) by size with hitchhiking on
+    /// and off vs ext4 and ext4 fast_commit: ops/s, latency, device I/O per op (+ SVG).
+    Hitchhike,
     /// Non-blocking writes: personalities × I/O sizes under every fetch policy vs ext4 (+ SVG).
     Nbw,
     /// 1-8 threads: overwrites, shared cached reads, create+stat+unlink, small cached writes vs ext4.
@@ -436,11 +439,16 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             if !only.is_empty()
                 && !matches!(
                     workload,
-                    Workload::Aios | Workload::Apps | Workload::Nbw | Workload::Scale | Workload::Fuse
+                    Workload::Aios
+                        | Workload::Apps
+                        | Workload::Hitchhike
+                        | Workload::Nbw
+                        | Workload::Scale
+                        | Workload::Fuse
                 )
             {
-                return Err("--only applies to `pwfs bench aios`, `pwfs bench apps`, `pwfs bench nbw`, \
-                            `pwfs bench scale` and `pwfs bench fuse`"
+                return Err("--only applies to `pwfs bench aios`, `pwfs bench apps`, `pwfs bench hitchhike`, \
+                            `pwfs bench nbw`, `pwfs bench scale` and `pwfs bench fuse`"
                     .into());
             }
             opts.only = only;
@@ -449,6 +457,7 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
                 Workload::Apps => "apps",
                 Workload::Basic => "basic",
                 Workload::Fuse => "fuse",
+                Workload::Hitchhike => "hitchhike",
                 Workload::Scale => "scale",
                 Workload::Nbw => "nbw",
             };
@@ -462,6 +471,10 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
                 Workload::Apps => pwfs_bench::apps::run(&opts, &mut step).map(|r| (r, None)),
                 Workload::Basic => pwfs_bench::basic::run(&opts, &mut step).map(|r| (r, None)),
                 Workload::Fuse => pwfs_bench::fuse::run(&opts, &mut step).map(|r| (r, None)),
+                Workload::Hitchhike => pwfs_bench::hitchhike::run(&opts, &mut step).map(|r| {
+                    let svg = pwfs_bench::hitchhike::plot(&r);
+                    (r, Some(svg))
+                }),
                 Workload::Scale => pwfs_bench::scale::run(&opts, &mut step).map(|r| (r, None)),
                 Workload::Nbw => pwfs_bench::nbw::run(&opts, &mut step).map(|(r, svg)| (r, Some(svg))),
             };
