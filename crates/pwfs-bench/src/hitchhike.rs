@@ -162,6 +162,7 @@ fn hh_since(a: HitchhikeStats, b: HitchhikeStats) -> HitchhikeStats {
         sync_commits: a.sync_commits - b.sync_commits,
         retired: a.retired - b.retired,
         buffered: a.buffered,
+        ..a
     }
 }
 
@@ -176,6 +177,7 @@ fn hh_add(a: HitchhikeStats, d: HitchhikeStats) -> HitchhikeStats {
         sync_commits: a.sync_commits + d.sync_commits,
         retired: a.retired + d.retired,
         buffered: d.buffered,
+        ..d
     }
 }
 

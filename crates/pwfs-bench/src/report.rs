@@ -141,7 +141,7 @@ impl Report {
         let w = self.rows.iter().map(|r| r.name.len() + r.unit.len() + 4).max().unwrap_or(0).max(34);
         let _ = write!(s, "{:<w$}", "");
         for c in &self.columns {
-            let _ = write!(s, "{c:>15}");
+            let _ = write!(s, " {c:>15}");
         }
         let pwfs_column = self.columns.iter().any(|c| c == "pwfs");
         if pwfs_column {
@@ -153,10 +153,10 @@ impl Report {
             for c in &self.columns {
                 match r.values.get(c) {
                     Some(v) if v.is_finite() => {
-                        let _ = write!(s, "{v:>15.1}");
+                        let _ = write!(s, " {v:>15.1}");
                     }
                     _ => {
-                        let _ = write!(s, "{:>15}", "-");
+                        let _ = write!(s, " {:>15}", "-");
                     }
                 }
             }
@@ -183,7 +183,7 @@ impl Report {
             let _ = write!(s, "{:<w$}", "");
             let others: Vec<&String> = self.columns.iter().filter(|c| *c != base).collect();
             for c in &others {
-                let _ = write!(s, "{c:>15}");
+                let _ = write!(s, " {c:>15}");
             }
             let _ = writeln!(s);
             for r in &self.rows {
@@ -192,9 +192,9 @@ impl Report {
                     let ratio =
                         r.values.get(*c).copied().unwrap_or(f64::NAN) / r.values.get(base).copied().unwrap_or(f64::NAN);
                     if ratio.is_finite() {
-                        let _ = write!(s, "{:>14.2}x", ratio);
+                        let _ = write!(s, " {:>14.2}x", ratio);
                     } else {
-                        let _ = write!(s, "{:>15}", "-");
+                        let _ = write!(s, " {:>15}", "-");
                     }
                 }
                 let _ = writeln!(s);

@@ -434,17 +434,18 @@ pub fn render_stats(fs: &pwfs::Fs) -> String {
     let h = fs.hitchhike_stats();
     let d = fs.device_counters();
     let per_sync = |n: u64| if h.sync_commits == 0 { 0.0 } else { n as f64 / h.sync_commits as f64 };
-    let hitchhike = if fs.config().hitchhike {
+    let hitchhike = if h.active {
         format!(
-            "hitchhike             on\n\
+            "hitchhike             on (buffer of {} blocks)\n\
              sync pages seen       {}\n\
              hitchhiked            {} ({:.1}%), in the commit block\n\
              metadata as deltas    {}\n\
              data logged whole     {}\n\
              bytes saved           {}\n\
-             commit-block-only commits {} of {} fsync commits\n\
+             commits of a commit block alone {} (fsync commits {})\n\
              device writes per fsync commit {:.2} (flushes {:.2}, FUA writes {:.2}; all writes counted)\n\
              blocks buffered now   {} (written home after idling: {})\n",
+            h.capacity,
             h.sync_pages,
             h.hitchhiked,
             if h.sync_pages == 0 { 0.0 } else { 100.0 * h.hitchhiked as f64 / h.sync_pages as f64 },
@@ -459,6 +460,8 @@ pub fn render_stats(fs: &pwfs::Fs) -> String {
             h.buffered,
             h.retired,
         )
+    } else if fs.config().hitchhike {
+        "hitchhike             off (read-only, a version-1 image, or a journal too small)\n".to_string()
     } else {
         "hitchhike             off\n".to_string()
     };

@@ -765,7 +765,19 @@ impl Filesystem for PwFuse {
         // (The write-back cache sends whole pages at their place and asks for the size
         // itself before an append.)
         let append = self.view.active && self.cache != KernelCache::WriteBack && flags.0 & libc::O_APPEND != 0;
-        match self.fs.write(ino.0, offset, data, append) {
+        // O_SYNC / O_DSYNC: durable before the reply (a direct write gets no FSYNC
+        // request from the kernel after it; a cached one does, and finds nothing left).
+        let sync = match (flags.0 & libc::O_SYNC == libc::O_SYNC, flags.0 & libc::O_DSYNC != 0) {
+            (true, _) => Some(false),
+            (false, true) => Some(true),
+            _ => None,
+        };
+        let written = self.fs.write(ino.0, offset, data, append);
+        let written = match (written, sync) {
+            (Ok(at), Some(datasync)) => self.fs.fsync(ino.0, datasync).map(|()| at),
+            (r, _) => r,
+        };
+        match written {
             Ok(at) => {
                 reply.written(data.len() as u32);
                 if at != offset {

@@ -225,6 +225,18 @@ impl FsInner {
         let mut j = self.journal.lock();
         let before = j.stats.checkpoints;
         submitting();
+        // A checkpoint first (the log is full): it must not run while this commit's
+        // data writes are in flight (its flush would not cover them, and a carried
+        // block retired by this commit must be on the medium before the log that held
+        // it is emptied). Rare: the data is waited for here instead of beside the body.
+        let mut wb = wb;
+        if j.needs_checkpoint(&tx) {
+            if let Some(w) = wb.take() {
+                if let Err(e) = self.writeback_end(w) {
+                    return Err(self.poison(e));
+                }
+            }
+        }
         let started = match j.start(&*self.dev, tx) {
             Ok(s) => s,
             Err(e) => {

@@ -258,7 +258,7 @@ impl FsInner {
         let (data, retired) = self.hitch.take_staged(files.is_some());
         let taken = taken.map(|(mut tx, frees)| {
             tx.data = data;
-            tx.revokes.extend(retired);
+            tx.retired = retired;
             (tx, frees)
         });
         Ok((wb, taken))

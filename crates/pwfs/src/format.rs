@@ -38,6 +38,23 @@ pub const JHEADER_MAGIC: u32 = 0x4a48_4452; // "JHDR"
 pub const JDESC_MAGIC: u32 = 0x4a44_5343; // "JDSC"
 pub const JCOMMIT_MAGIC: u32 = 0x4a43_4d54; // "JCMT"
 pub const JDESC_HEADER: usize = 32;
+/// Set in a descriptor's tag (the home block number) when the image's first four bytes
+/// are stored inverted in the log: an image (file data, since hitchhiking logs some)
+/// that starts like a journal header, descriptor or commit block must not be taken for
+/// one by a scan of the log (jbd2's escaping).
+pub const JTAG_ESCAPED: u64 = 1 << 63;
+
+/// Whether a block logged as an image must be escaped (`JTAG_ESCAPED`).
+pub fn journal_needs_escape(b: &[u8]) -> bool {
+    b.len() >= 4 && [JHEADER_MAGIC, JDESC_MAGIC, JCOMMIT_MAGIC].contains(&u32_at(b, 0))
+}
+
+/// Invert the first four bytes of a logged image (escaping and unescaping alike).
+pub fn journal_escape(b: &mut [u8]) {
+    for x in &mut b[..4] {
+        *x = !*x;
+    }
+}
 pub const JDESC_ENTRIES: usize = (BLOCK_SIZE - JDESC_HEADER) / 8;
 /// Bytes of extra records a commit block can carry (the seam for hitchhiked deltas).
 pub const JCOMMIT_EXTRA_MAX: usize = BLOCK_SIZE - 64;

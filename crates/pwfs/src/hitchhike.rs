@@ -3,8 +3,11 @@
 //!
 //! The write-back buffer ([`Hitchhike`]) holds, for each data block whose small
 //! synchronous writes the journal carries, its last durable version (what a replay of
-//! the log gives it), indexed by block number, with an active and an inactive list
-//! (the `active` bit and the aging at each periodic commit). At a commit for an fsync:
+//! the log gives it), indexed by block number. Its two LRU lists are kept as a bit per
+//! block: active (an fsync'd change since the last aging) or inactive; aging, once per
+//! interval of the write-back thread, moves active blocks to inactive and lets go of
+//! blocks inactive for a whole interval when the buffer is more than half full or the
+//! file system is idle. At a commit for an fsync:
 //!
 //! - a dirty page of a block in the buffer is XORed with its durable version and the
 //!   XOR compressed (LZ4, `journal::make_delta`); the delta rides in the commit block
@@ -17,8 +20,7 @@
 //! - every other page is written in place, as without hitchhiking.
 //!
 //! A block leaves the buffer by being written home whole: at a checkpoint (which
-//! writes every logged block home), or when it has been idle (inactive) for a whole
-//! interval of the write-back thread, when the buffer is full: then its page is
+//! writes every logged block home), or when aging lets go of it: then its page is
 //! written in place in a commit that revokes its records (the in-place write is
 //! flushed before that commit; until it is durable a replay rebuilds the block from
 //! the log). A block freed (truncate, delete) leaves with a revoke. While it is in
@@ -83,14 +85,27 @@ struct Buffer {
     fresh: std::collections::HashSet<u64>,
     /// Blocks not fresh tried in the commit in progress.
     tries: usize,
+    /// Blocks that left the buffer by being freed since the running transaction began
+    /// (each a revoke in it): with the blocks in the buffer, at most `max`, so that
+    /// the revokes of a transaction stay within `reserve`.
+    forgotten: usize,
 }
 
 /// Blocks that are not fresh tried per commit.
 const OTHER_TRIES: usize = 16;
 
+/// A commit writing at most this many pages may log fresh blocks of fsync'd files
+/// whole when their deltas do not fit: with no data written in place, its journal
+/// needs one flush in all (`Journal::finish`) instead of one before and one after.
+pub(crate) const SMALL_COMMIT: usize = 8;
+
 /// Counters (`Fs::hitchhike_stats`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HitchhikeStats {
+    /// Hitchhiking serves this mount (on, writable, and a journal with room for it).
+    pub active: bool,
+    /// The most blocks the buffer holds.
+    pub capacity: u64,
     /// Pages of fsync'd files written by commits for an fsync (the small synchronous
     /// writes seen).
     pub sync_pages: u64,
@@ -119,6 +134,8 @@ pub(crate) struct Hitchhike {
     max: usize,
     buf: Mutex<Buffer>,
     len: AtomicUsize,
+    /// `Buffer::fresh`'s length (so that `forget` needs no lock when both are empty).
+    fresh_len: AtomicUsize,
     /// Pages a write-back outside a commit left dirty (`Route::Keep`).
     pub(crate) kept: AtomicU64,
     sync_pages: AtomicU64,
@@ -141,6 +158,7 @@ impl Hitchhike {
             max,
             buf: Mutex::new(Buffer::default()),
             len: AtomicUsize::new(0),
+            fresh_len: AtomicUsize::new(0),
             kept: AtomicU64::new(0),
             sync_pages: AtomicU64::new(0),
             hitchhiked: AtomicU64::new(0),
@@ -162,9 +180,12 @@ impl Hitchhike {
 
     /// Decide what write-back does with `page` (to be written to `block`, contents
     /// `data`). `commit`: write-back of a commit; `sync`: the page belongs to a file
-    /// an fsync waits for; `fresh`: the block was just allocated or was unwritten (its
-    /// contents before were zeros). Called under the metadata lock, so that a block
-    /// freed meanwhile (`forget`, under the same lock) is never staged.
+    /// an fsync waits for; `small`: a commit of few pages (`SMALL_COMMIT`), which may
+    /// log a fresh block whole when its delta does not fit; `fresh`: the block was just
+    /// allocated or was unwritten (its contents before were zeros). Called under the
+    /// metadata lock, so that a block freed meanwhile (`forget`, under the same lock)
+    /// is never staged.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn route(
         &self,
         block: u64,
@@ -172,6 +193,7 @@ impl Hitchhike {
         data: &[u8],
         commit: bool,
         sync: bool,
+        small: bool,
         fresh: bool,
     ) -> Route {
         if !self.on {
@@ -204,7 +226,7 @@ impl Hitchhike {
             b.staged.push(DataBlock { block, content: Arc::new(AlignedBuf::from_slice(data)), delta });
             return Route::Journal;
         }
-        if !sync || b.entries.len() >= self.max {
+        if !sync || b.entries.len() + b.forgotten >= self.max {
             return Route::InPlace;
         }
         if !commit {
@@ -214,6 +236,7 @@ impl Hitchhike {
                 return Route::InPlace;
             }
             b.fresh.insert(block);
+            self.fresh_len.store(b.fresh.len(), Ordering::Release);
             self.kept.fetch_add(1, Ordering::Relaxed);
             return Route::Keep;
         }
@@ -221,6 +244,8 @@ impl Hitchhike {
         // compresses well), and a few others per commit (a delta from zeros is the
         // whole block, compressed: right for any block, small for a sparse one).
         let fresh = fresh || b.fresh.remove(&block);
+        self.fresh_len.store(b.fresh.len(), Ordering::Release);
+        let whole = small && fresh;
         if !fresh {
             if b.tries >= OTHER_TRIES {
                 return Route::InPlace;
@@ -228,13 +253,17 @@ impl Hitchhike {
             b.tries += 1;
         }
         let limit = (JCOMMIT_EXTRA_MAX - META_ROOM).saturating_sub(b.staged_bytes + JDELTA_HEADER);
-        let Some(delta) = crate::journal::make_delta(block, data, None, limit) else {
-            return Route::InPlace;
-        };
-        b.staged_bytes += delta.encoded_len();
-        self.hitchhiked.fetch_add(1, Ordering::Relaxed);
+        let delta = crate::journal::make_delta(block, data, None, limit);
+        match &delta {
+            Some(d) => {
+                b.staged_bytes += d.encoded_len();
+                self.hitchhiked.fetch_add(1, Ordering::Relaxed);
+            }
+            None if whole => {}
+            None => return Route::InPlace,
+        }
         let content = Arc::new(AlignedBuf::from_slice(data));
-        b.staged.push(DataBlock { block, content: content.clone(), delta: Some(delta) });
+        b.staged.push(DataBlock { block, content: content.clone(), delta });
         b.entries.insert(block, Entry { page: page.clone(), durable: content, active: true, retiring: Retiring::No });
         self.len.store(b.entries.len(), Ordering::Release);
         Route::Journal
@@ -243,18 +272,45 @@ impl Hitchhike {
     /// A block is freed: it leaves the buffer, and a record staged for it is dropped.
     /// Returns whether the log may hold it (the caller revokes it).
     pub(crate) fn forget(&self, block: u64) -> bool {
-        if !self.on {
+        if self.len.load(Ordering::Acquire) == 0 && self.fresh_len.load(Ordering::Acquire) == 0 {
             return false;
         }
         let mut g = self.buf.lock();
-        g.fresh.remove(&block);
+        if g.fresh.remove(&block) {
+            self.fresh_len.store(g.fresh.len(), Ordering::Release);
+        }
         let was = g.entries.remove(&block).is_some();
         if was {
+            g.forgotten += 1;
             g.staged.retain(|d| d.block != block);
             g.retired.retain(|b| *b != block);
             self.len.store(g.entries.len(), Ordering::Release);
         }
         was
+    }
+
+    /// Pages `from..to` of `ino` were dropped while their blocks stay allocated (zero
+    /// range turns them unwritten): their blocks leave the buffer, and the caller
+    /// revokes them in the transaction that changes the block map. Called under the
+    /// commit lock (no write-back routes meanwhile).
+    pub(crate) fn forget_pages(&self, ino: u64, from: u64, to: u64) -> Vec<u64> {
+        if self.len.load(Ordering::Acquire) == 0 {
+            return Vec::new();
+        }
+        let mut g = self.buf.lock();
+        let gone: Vec<u64> = g
+            .entries
+            .iter()
+            .filter(|(_, e)| e.page.key.0 == ino && (from..to).contains(&e.page.key.1))
+            .map(|(b, _)| *b)
+            .collect();
+        for b in &gone {
+            g.entries.remove(b);
+            g.staged.retain(|d| d.block != *b);
+        }
+        g.forgotten += gone.len();
+        self.len.store(g.entries.len(), Ordering::Release);
+        gone
     }
 
     /// The records and revokes of the commit in progress, for its transaction.
@@ -268,7 +324,9 @@ impl Hitchhike {
         let mut g = self.buf.lock();
         g.staged_bytes = 0;
         g.tries = 0;
+        g.forgotten = 0;
         g.fresh.clear();
+        self.fresh_len.store(0, Ordering::Release);
         (std::mem::take(&mut g.staged), std::mem::take(&mut g.retired))
     }
 
@@ -335,6 +393,10 @@ impl Hitchhike {
         let full = g.entries.len() * 2 > self.max;
         let mut out = Vec::new();
         for e in g.entries.values_mut() {
+            if e.retiring == Retiring::Written {
+                // Being written home by a commit in progress.
+                continue;
+            }
             if e.active {
                 e.active = false;
             } else if full || idle || e.retiring != Retiring::No {
@@ -350,6 +412,8 @@ impl Hitchhike {
     pub(crate) fn stats(&self, j: &crate::journal::JournalStats) -> HitchhikeStats {
         let t = j.deltas;
         HitchhikeStats {
+            active: self.on,
+            capacity: self.max as u64,
             sync_pages: self.sync_pages.load(Ordering::Relaxed),
             hitchhiked: self.hitchhiked.load(Ordering::Relaxed),
             meta_deltas: t.meta,

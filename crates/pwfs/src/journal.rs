@@ -1,14 +1,19 @@
-//! journal: physical redo journal for metadata, ordered mode for data.
+//! journal: physical redo journal for metadata (and for the data blocks hitchhiking
+//! carries), ordered mode for the rest of the data.
 //!
 //! Interface: the file-system layer collects the images of the metadata blocks a
-//! transaction changed, and the home blocks it freed (revokes); after the data those
-//! blocks refer to is on the device, it calls [`Journal::commit`]. `commit` writes the
-//! descriptor and image blocks, flushes, writes the checksummed commit block, flushes
-//! again; only then is the transaction durable. Committed images are kept until a
-//! [`Journal::checkpoint`] writes them home and advances the journal header.
+//! transaction changed, the data blocks `hitchhike` carries (with their deltas), and
+//! the blocks it freed or wrote home (revokes); after the data those blocks refer to
+//! is on the device, it starts the transaction ([`Journal::start`]) and finishes it
+//! ([`Journal::finish`], or `commit_after` on the synchronous stack). A block whose
+//! previous contents the log holds may go as a delta (XOR, LZ4) in the commit block
+//! instead of an image; a transaction of deltas only is its commit block alone. Only
+//! after the commit block is durable is the transaction. Committed contents are kept
+//! until a [`Journal::checkpoint`] writes them home and advances the journal header.
 //! [`scan`] and [`plan`] read a journal back after a crash; replay is idempotent
-//! because it only ever writes whole committed images, newest last, skipping blocks a
-//! later (or the same) transaction revoked.
+//! because it only ever writes whole committed contents (images, and deltas applied
+//! to contents the log itself gives), newest last, skipping blocks a later (or the
+//! same) transaction revoked.
 //!
 //! The log restarts at its first block after every checkpoint (a circular log that
 //! is always emptied before it wraps); see docs/FORMAT.md for the crash cases.
@@ -16,8 +21,8 @@
 use crate::device::{AlignedBuf, Device, Op, OpKind};
 use crate::error::{Error, Result};
 use crate::format::{
-    JournalCommit, JournalDelta, JournalDesc, JournalHeader, Superblock, BLOCK, BLOCK_SIZE, JCOMMIT_EXTRA_MAX,
-    JDELTA_HEADER, JDESC_ENTRIES,
+    journal_escape, journal_needs_escape, JournalCommit, JournalDelta, JournalDesc, JournalHeader, Superblock, BLOCK,
+    BLOCK_SIZE, JCOMMIT_EXTRA_MAX, JDELTA_HEADER, JDESC_ENTRIES, JTAG_ESCAPED,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -73,6 +78,8 @@ pub struct Transaction {
     /// mechanism 3), each with the delta `hitchhike` made, if any; one without (or
     /// whose delta does not fit) is logged whole.
     pub data: Vec<DataBlock>,
+    /// Carried blocks this commit writes home whole, in place (retired): revoked.
+    pub retired: Vec<u64>,
 }
 
 /// A data block carried by the journal (see `hitchhike.rs`).
@@ -97,7 +104,7 @@ pub struct DeltaCounts {
 
 impl Transaction {
     pub fn is_empty(&self) -> bool {
-        self.images.is_empty() && self.revokes.is_empty() && self.data.is_empty()
+        self.images.is_empty() && self.revokes.is_empty() && self.data.is_empty() && self.retired.is_empty()
     }
     /// The data blocks it carries, with their new contents.
     pub fn logged_data(&self) -> Vec<(u64, Arc<AlignedBuf>)> {
@@ -105,7 +112,7 @@ impl Transaction {
     }
     /// Log blocks this transaction needs at most (every block logged whole).
     pub fn log_blocks(&self) -> u64 {
-        let entries = self.images.len() + self.data.len() + self.revokes.len();
+        let entries = self.images.len() + self.data.len() + self.revokes.len() + self.retired.len();
         (entries.div_ceil(JDESC_ENTRIES)).max(1) as u64 + (self.images.len() + self.data.len()) as u64 + 1
     }
 }
@@ -234,11 +241,16 @@ impl Journal {
         if need > self.log_len {
             return Err(Error::no_space("transaction larger than the journal"));
         }
-        if self.pos + need > self.log_len {
-            self.checkpoint(dev)?;
+        if self.needs_checkpoint(&tx) {
+            // Carried blocks this commit wrote home whole (retired) are not written
+            // home again from the log: their older logged contents must not overwrite
+            // the newer ones. The caller has waited for this commit's data writes, so
+            // the checkpoint's flush makes those durable before the log is emptied.
+            self.checkpoint_except(dev, &tx.retired)?;
         }
         let seq = self.next_seq;
-        let Transaction { images: meta, mut revokes, data } = tx;
+        let Transaction { images: meta, mut revokes, data, retired } = tx;
+        revokes.extend(retired);
         // Deltas first for data (small synchronous writes are what hitchhiking is
         // for), then for metadata, while the commit block has room. A delta must be
         // of contents the log holds (a checkpoint may just have written them home and
@@ -297,7 +309,8 @@ impl Journal {
         }
         // Descriptors: tags first, then revokes, JDESC_ENTRIES per block; none for a
         // transaction of deltas only.
-        let mut entries: Vec<(bool, u64)> = images.iter().map(|(b, _)| (true, *b)).collect();
+        let escaped = |img: &[u8]| if journal_needs_escape(img) { JTAG_ESCAPED } else { 0 };
+        let mut entries: Vec<(bool, u64)> = images.iter().map(|(b, img)| (true, *b | escaped(img))).collect();
         entries.extend(revokes.iter().map(|b| (false, *b)));
         let mut body: Vec<AlignedBuf> = Vec::new();
         let chunks: Vec<&[(bool, u64)]> = if entries.is_empty() && deltas.is_empty() {
@@ -320,6 +333,9 @@ impl Journal {
         for (_, img) in images {
             let mut b = dev.alloc(BLOCK_SIZE);
             b.copy_from_slice(&img);
+            if journal_needs_escape(&b) {
+                journal_escape(&mut b);
+            }
             body.push(b);
         }
         let mut crc = 0u32;
@@ -348,7 +364,9 @@ impl Journal {
     /// for and `data` waits for the transaction's data writes (ordered mode), one
     /// flush makes both durable, and the commit block goes out as a FUA write (the
     /// device writes and flushes it where it has no FUA). `data` says whether any data
-    /// was written since the last flush. The order on the medium is
+    /// was written since the last flush: if none was, nothing but the journal is in
+    /// flight, and the commit block is written beside the body, one flush after both
+    /// (or, with no body, alone with FUA). The order on the medium is
     /// the classic one: data and journal body durable before the commit block is
     /// written.
     pub fn finish(
@@ -360,16 +378,37 @@ impl Journal {
         let StartedCommit { body, commit, commit_at, n_body, logged, revokes, deltas } = started;
         let mut c = dev.alloc(BLOCK_SIZE);
         commit.encode(&mut c);
-        let waited = check(body.wait());
-        let unflushed = data()?;
-        waited?;
-        // A transaction of deltas only, after no data write, depends on nothing in
-        // flight: its commit block alone, written through (one write, one flush).
-        if unflushed || n_body > 0 {
+        let unflushed = match data() {
+            Ok(u) => u,
+            Err(e) => {
+                drop(body.wait());
+                return Err(e);
+            }
+        };
+        if unflushed {
+            // Data the transaction may point at: durable before the commit block.
+            let waited = check(body.wait());
+            waited?;
             dev.flush()?;
+            let mut done = dev.submit(vec![Op::write_fua(commit_at, c)]);
+            done.pop().expect("one op").result?;
+        } else if n_body > 0 {
+            // Nothing in flight but the journal itself: the commit block's checksum
+            // covers descriptors and images, so it goes out beside them and one flush
+            // makes all of it durable (a torn body fails the checksum at recovery, and
+            // nothing returns before the flush).
+            let cw = dev.start(vec![Op::write(commit_at, c)]);
+            let waited = check(body.wait());
+            let wrote = check(cw.wait());
+            waited?;
+            wrote?;
+            dev.flush()?;
+        } else {
+            // A transaction of deltas only: its commit block alone, written through.
+            drop(body.wait());
+            let mut done = dev.submit(vec![Op::write_fua(commit_at, c)]);
+            done.pop().expect("one op").result?;
         }
-        let mut done = dev.submit(vec![Op::write_fua(commit_at, c)]);
-        done.pop().expect("one op").result?;
         self.committed(n_body, logged, &revokes, deltas);
         Ok(deltas)
     }
@@ -395,14 +434,28 @@ impl Journal {
         }
     }
 
+    /// Whether `start` must checkpoint before it can log `tx`. The caller then waits
+    /// for its data writes before `start` (see there).
+    pub fn needs_checkpoint(&self, tx: &Transaction) -> bool {
+        self.pos + tx.log_blocks() > self.log_len
+    }
+
     /// Write every committed image home, then empty the log.
     pub fn checkpoint(&mut self, dev: &dyn Device) -> Result<()> {
+        self.checkpoint_except(dev, &[])
+    }
+
+    /// `checkpoint`, leaving out the blocks in `skip` (revoked by the transaction about
+    /// to be logged).
+    fn checkpoint_except(&mut self, dev: &dyn Device, skip: &[u64]) -> Result<()> {
         if self.pos == 0 {
             return Ok(());
         }
+        let skip: std::collections::HashSet<u64> = skip.iter().copied().collect();
         let ops: Vec<Op> = self
             .pending
             .iter()
+            .filter(|(home, _)| !skip.contains(home))
             .map(|(home, img)| {
                 let mut b = dev.alloc(BLOCK_SIZE);
                 b.copy_from_slice(img);
@@ -498,7 +551,11 @@ pub fn scan(dev: &dyn Device, sb: &Superblock) -> Result<Scan> {
         for i in 0..tags.len() as u64 {
             let b = read_block(dev, log_start + images_at + i)?;
             body_crc = crc32c::crc32c_append(body_crc, &b);
-            images.push(b.to_vec());
+            let mut img = b.to_vec();
+            if tags[i as usize] & JTAG_ESCAPED != 0 {
+                journal_escape(&mut img);
+            }
+            images.push(img);
         }
         let commit_at = images_at + tags.len() as u64;
         let c = match JournalCommit::decode(&read_block(dev, log_start + commit_at)?) {
@@ -514,6 +571,9 @@ pub fn scan(dev: &dyn Device, sb: &Superblock) -> Result<Scan> {
         // Sealed by the commit block's checksum: bad records are damage, not a tear.
         let deltas = JournalDelta::decode_all(&c.extra)
             .map_err(|e| Error::corrupt(format!("journal transaction {seq}: {e}")))?;
+        for t in &mut tags {
+            *t &= !JTAG_ESCAPED;
+        }
         let valid = |b: &u64| *b > sb.journal_start + sb.journal_blocks - 1 && *b < sb.data_end;
         if !tags.iter().all(valid) || !revokes.iter().all(valid) || !deltas.iter().all(|d| valid(&d.block)) {
             return Err(Error::corrupt(format!(
@@ -608,6 +668,7 @@ mod tests {
             images: images.iter().map(|(b, v)| (*b, image(*v))).collect(),
             revokes: revokes.to_vec(),
             data: Vec::new(),
+            retired: Vec::new(),
         }
     }
 
@@ -663,10 +724,23 @@ mod tests {
         let m = sb.inode_table_start;
         let mut j = Journal::new(&sb, 100).with_deltas(true);
         let mut img = vec![7u8; BLOCK_SIZE];
-        j.commit(&dev, Transaction { images: vec![(m, AlignedBuf::from_slice(&img))], revokes: vec![], data: vec![] })
-            .unwrap();
+        j.commit(
+            &dev,
+            Transaction {
+                images: vec![(m, AlignedBuf::from_slice(&img))],
+                revokes: vec![],
+                data: vec![],
+                retired: vec![],
+            },
+        )
+        .unwrap();
         img[100..108].copy_from_slice(b"changed!");
-        let t = Transaction { images: vec![(m, AlignedBuf::from_slice(&img))], revokes: vec![], data: vec![] };
+        let t = Transaction {
+            images: vec![(m, AlignedBuf::from_slice(&img))],
+            revokes: vec![],
+            data: vec![],
+            retired: vec![],
+        };
         let counts = j.commit_after(&dev, t, false).unwrap();
         assert_eq!((counts.meta, j.stats.commit_only), (1, 1));
         replay(&dev, &sb, &scan(&dev, &sb).unwrap()).unwrap();
@@ -677,7 +751,12 @@ mod tests {
         let (dev, sb) = setup();
         let mut j = Journal::new(&sb, 100);
         for _ in 0..2 {
-            let t = Transaction { images: vec![(m, AlignedBuf::from_slice(&img))], revokes: vec![], data: vec![] };
+            let t = Transaction {
+                images: vec![(m, AlignedBuf::from_slice(&img))],
+                revokes: vec![],
+                data: vec![],
+                retired: vec![],
+            };
             assert_eq!(j.commit_after(&dev, t, false).unwrap().meta, 0);
         }
         assert_eq!(j.stats.commit_only, 0);
@@ -729,6 +808,54 @@ mod tests {
         assert_eq!(plan(&s).unwrap_err().kind(), crate::ErrorKind::Corrupt);
         s.transactions[0].images[0] = image(4).to_vec();
         assert_eq!(plan(&s).unwrap()[&b], image(5).to_vec());
+    }
+
+    #[test]
+    fn a_checkpoint_never_writes_a_retired_block_back() {
+        let (dev, sb) = setup();
+        let b = sb.data_start + 6;
+        let mut j = Journal::new(&sb, 100).with_deltas(true);
+        j.commit_after(&dev, data_tx(&j, &[(b, 1, true)]), false).unwrap();
+        // Fill the log until the next transaction needs a checkpoint.
+        let mut i = 0u64;
+        // (Bigger than each filler, so that the log reaches a point where it alone
+        // needs the checkpoint.)
+        let mut retire = tx(&[(sb.data_start + 30, 1), (sb.data_start + 31, 1), (sb.data_start + 32, 1)], &[]);
+        retire.retired.push(b);
+        while !j.needs_checkpoint(&retire) {
+            j.commit(&dev, tx(&[(sb.data_start + 20 + i % 5, i as u8)], &[])).unwrap();
+            i += 1;
+        }
+        // The commit writes the block's newer contents in place, then logs the revoke;
+        // its checkpoint must not write the older logged contents over them.
+        dev.write(b * BLOCK, image(9)).1.unwrap();
+        let before = j.stats.checkpoints;
+        j.commit(&dev, retire).unwrap();
+        assert_eq!(j.stats.checkpoints, before + 1);
+        assert_eq!(home(&dev, b), 9);
+        replay(&dev, &sb, &scan(&dev, &sb).unwrap()).unwrap();
+        assert_eq!(home(&dev, b), 9);
+    }
+
+    #[test]
+    fn images_that_look_like_journal_blocks_are_escaped() {
+        let (dev, sb) = setup();
+        let b = sb.data_start + 7;
+        let mut j = Journal::new(&sb, 100);
+        // A data block crafted as this journal's next commit block and descriptor.
+        let mut fake = AlignedBuf::new(BLOCK_SIZE);
+        JournalDesc { seq: 100, tags: vec![sb.inode_table_start], revokes: vec![] }.encode(&mut fake);
+        let mut t = tx(&[], &[]);
+        t.data.push(DataBlock { block: b, content: Arc::new(AlignedBuf::from_slice(&fake)), delta: None });
+        j.commit(&dev, t).unwrap();
+        j.commit(&dev, tx(&[(sb.data_start, 5)], &[])).unwrap();
+        let s = scan(&dev, &sb).unwrap();
+        assert_eq!(s.transactions.len(), 2, "the crafted block is an image, not a descriptor");
+        replay(&dev, &sb, &s).unwrap();
+        let (got, r) = dev.read(b * BLOCK, AlignedBuf::new(BLOCK_SIZE));
+        r.unwrap();
+        assert_eq!(&got[..], &fake[..], "unescaped on replay");
+        assert_eq!(home(&dev, sb.data_start), 5);
     }
 
     #[test]

@@ -254,6 +254,9 @@ impl FsInner {
             return Ok(None);
         }
         self.settle_pages(&pages);
+        // A commit of a few pages may log them whole rather than write them in place
+        // (hitchhiking): with no data in flight its journal needs no flush of its own.
+        let small = pages.len() <= crate::hitchhike::SMALL_COMMIT;
         // Pages are prepared (mapped, allocated, turned into requests) a chunk at a
         // time, while the device writes the chunks before: the bookkeeping of write-back
         // overlaps its I/O instead of leaving the device idle.
@@ -267,7 +270,7 @@ impl FsInner {
                 if chunk.is_empty() {
                     return None;
                 }
-                let ops = self.prepare_writeback(chunk, &mut written, &mut mapped, why);
+                let ops = self.prepare_writeback(chunk, &mut written, &mut mapped, why, small);
                 if !ops.is_empty() {
                     return Some(ops);
                 }
@@ -324,6 +327,7 @@ impl FsInner {
         written: &mut Vec<Arc<Page>>,
         mapped: &mut Result<()>,
         why: Wb<'_>,
+        small: bool,
     ) -> Vec<Op> {
         let mut items: Vec<(Arc<Page>, AlignedBuf)> = Vec::with_capacity(chunk.len());
         for p in chunk {
@@ -393,7 +397,7 @@ impl FsInner {
                         Wb::Sync(sync) => (false, Some(sync)),
                     };
                     let sync = sync.is_some_and(|f| f.contains(&ino));
-                    match self.hitch.route(b, &p, &buf, commit, sync, fresh) {
+                    match self.hitch.route(b, &p, &buf, commit, sync, small, fresh) {
                         Route::InPlace => placed.push((b, p, buf)),
                         Route::Journal => journaled.push((p, buf)),
                         Route::Keep => wait.push((p, buf)),

@@ -20,6 +20,13 @@ fn record(i: u64, len: usize) -> Vec<u8> {
     (0..len as u64).map(|j| (i.wrapping_mul(131) ^ j.wrapping_mul(7) ^ (i >> 8)) as u8 | 1).collect()
 }
 
+/// Bytes that do not compress (a delta of them does not fit a commit block).
+fn noise(i: u64, len: usize) -> Vec<u8> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(i);
+    (0..len).map(|_| rng.gen()).collect()
+}
+
 /// Append `n` records of `len` bytes to /log with an fsync after each; returns the
 /// device's log length after each fsync returned, and the file's contents then.
 fn appends(fs: &Fs, dev: &SimDevice, n: u64, len: usize, datasync: bool) -> Vec<(usize, Vec<u8>)> {
@@ -27,7 +34,7 @@ fn appends(fs: &Fs, dev: &SimDevice, n: u64, len: usize, datasync: bool) -> Vec<
     let mut content = Vec::new();
     let mut out = vec![(dev.log_len(), Vec::new())];
     for i in 0..n {
-        let r = record(i, len);
+        let r = if len >= 4096 { noise(i, len) } else { record(i, len) };
         f.write_at(&r, content.len() as u64).unwrap();
         content.extend_from_slice(&r);
         if datasync {
@@ -98,6 +105,43 @@ fn a_small_append_and_fsync_costs_one_write_and_no_flush_of_its_own() {
 }
 
 #[test]
+fn a_block_append_is_logged_whole_with_one_flush() {
+    // A journal of 1,024 blocks: the buffer holds 63 blocks (a sixteenth of it).
+    let image = formatted_image(16 * MIB, &MkfsOptions { inodes: None, journal_blocks: Some(1024) });
+    let (dev, fs) = sim_fs(image, SimConfig::default(), config(Stack::Async, true));
+    let f = OpenOptions::new().write(true).create(true).open(&fs, "/log").unwrap();
+    f.write_at(&noise(0, 4096), 0).unwrap();
+    f.sync_all().unwrap();
+    let before = dev.stats();
+    let n = 20u64;
+    for i in 1..=n {
+        f.write_at(&noise(i, 4096), i * 4096).unwrap();
+        f.sync_all().unwrap();
+    }
+    let after = dev.stats();
+    // Descriptor and image, commit block beside them, one flush: no flush before the
+    // commit block, since no data was written in place.
+    assert_eq!(after.flushes - before.flushes, n, "one flush per fsync");
+    assert_eq!(after.fua_writes - before.fua_writes, 0);
+    assert!(after.writes - before.writes <= 2 * n, "body and commit block: {}", after.writes - before.writes);
+    assert_eq!(fs.hitchhike_stats().hitchhiked, 0, "4 KiB of noise does not compress");
+    assert!(fs.hitchhike_stats().data_images >= n);
+    drop(f);
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+    let fs = Fs::mount(dev.clone(), test_config()).unwrap();
+    let got = read_all(&fs, "/log");
+    for i in 0..=n {
+        assert_eq!(got[i as usize * 4096..(i as usize + 1) * 4096], noise(i, 4096)[..], "block {i}");
+    }
+}
+
+#[test]
+fn crash_points_of_block_appends_logged_whole() {
+    crash_points(Stack::Async, 4096, 60, 256, false);
+}
+
+#[test]
 fn off_switch_writes_blocks_whole() {
     let image = formatted_image(16 * MIB, &MkfsOptions::default());
     let (dev, fs) = sim_fs(image, SimConfig::default(), config(Stack::Async, false));
@@ -126,7 +170,7 @@ fn crash_points(stack: Stack, len: usize, n: u64, journal: u64, datasync: bool) 
     let fs = Fs::mount(dev.clone(), config(stack, true)).unwrap();
     let syncs = appends(&fs, &dev, n, len, datasync);
     let hh = fs.hitchhike_stats();
-    assert!(hh.hitchhiked > 0, "nothing hitchhiked: {hh:?}");
+    assert!(hh.hitchhiked + hh.data_images > 0, "nothing carried: {hh:?}");
     drop(fs);
     let log = dev.log();
     let step = (log.len() / 60).max(1);
@@ -281,4 +325,24 @@ fn overwrites_in_a_preallocated_file_hitchhike_and_survive() {
         let fs = Fs::mount(Arc::new(MemDevice::from_vec(img)), test_config()).unwrap();
         assert_eq!(read_all(&fs, "/db"), *want, "crash after {k} of {}", log.len());
     }
+}
+
+#[test]
+fn a_read_only_mount_reads_carried_data_from_the_journal() {
+    let image = formatted_image(16 * MIB, &MkfsOptions::default());
+    let dev = Arc::new(SimDevice::new(image, SimConfig::default()));
+    let base = dev.start_recording();
+    let fs = Fs::mount(dev.clone(), config(Stack::Async, true)).unwrap();
+    let syncs = appends(&fs, &dev, 30, 100, false);
+    drop(fs);
+    // A power cut right after the last fsync: the carried block was never written home.
+    let log = dev.log();
+    let img = crash_image(&base, &log, syncs.last().unwrap().0, 3);
+    let ro = Arc::new(MemDevice::from_vec(img));
+    let fs = Fs::mount(ro.clone(), Config { read_only: true, ..test_config() }).unwrap();
+    assert_eq!(read_all(&fs, "/log"), syncs.last().unwrap().1);
+    drop(fs);
+    // Nothing was written: a writable mount still finds the journal to replay.
+    let fs = Fs::mount(ro, test_config()).unwrap();
+    assert_eq!(read_all(&fs, "/log"), syncs.last().unwrap().1);
 }

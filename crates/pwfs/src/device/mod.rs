@@ -79,6 +79,7 @@ mod buf;
 pub mod gate;
 pub mod medium;
 pub mod mem;
+pub mod overlay;
 pub mod psync;
 pub mod sim;
 #[cfg(test)]

@@ -350,7 +350,10 @@ impl Meta {
             images.push((b, copy));
         }
         let frees = self.alloc.take_pending();
-        Ok((Transaction { images, revokes: revokes.into_iter().collect(), data: Vec::new() }, frees))
+        Ok((
+            Transaction { images, revokes: revokes.into_iter().collect(), data: Vec::new(), retired: Vec::new() },
+            frees,
+        ))
     }
 
     /// The index of a block- or inode-bitmap block among its kind (its checksum's seed).

@@ -210,7 +210,7 @@ impl Fs {
             crate::aios::enable_tracing();
         }
         let gate = Arc::new(crate::device::gate::Gate::new(dev));
-        let dev: Arc<dyn Device> = gate.clone();
+        let mut dev: Arc<dyn Device> = gate.clone();
         let (mut sb, used_backup) = read_superblock(&*dev)?;
         if mount::needs_check(&sb, &config) {
             // Before anything is written: a damaged image is refused unchanged.
@@ -227,7 +227,14 @@ impl Fs {
             ..Default::default()
         };
         let preloaded = if config.read_only {
-            journal::plan(&scan)?
+            let plan = journal::plan(&scan)?;
+            // Blocks the journal would write home are read from it: metadata through
+            // `Meta`'s preloaded images, file data (hitchhiked blocks) through the
+            // device, which the overlay answers for them.
+            if !plan.is_empty() {
+                dev = Arc::new(crate::device::overlay::Overlay::new(dev, plan.clone()));
+            }
+            plan
         } else {
             if !scan.transactions.is_empty() {
                 clean.before_change(&*dev, &sb)?;
@@ -238,10 +245,14 @@ impl Fs {
         let inodes = Arc::new(inode::InodeTable::default());
         let tx = Arc::new(tx::Tx::new(sb.block_bitmap_blocks));
         let mut meta = Meta::load(sb.clone(), dev.clone(), preloaded, inodes.clone(), tx.clone())?;
-        let journal = Journal::new(&sb, scan.next_seq()).with_deltas(config.hitchhike);
+        // Deltas only on an image that says version 2 (a mount that fell back on a
+        // version-1 backup superblock does not upgrade it, and a version-1 build would
+        // misread them).
+        let deltas = config.hitchhike && !config.read_only && sb.version >= 2;
+        let journal = Journal::new(&sb, scan.next_seq()).with_deltas(deltas);
         let hitch = Arc::new(crate::hitchhike::Hitchhike::new(
-            config.hitchhike && !config.read_only,
-            config.hitchhike_blocks,
+            deltas,
+            config.hitchhike_blocks.min((config.cache_bytes / BLOCK / 4) as usize),
             journal.capacity(),
             sb.block_bitmap_blocks + 32,
         ));

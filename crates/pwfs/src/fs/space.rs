@@ -245,8 +245,14 @@ impl Fs {
         let _c = self.inner.commit_lock.lock();
         let dropped = self.inner.cache.drop_range(ino, from, to.min(cell.pages_end().max(from)));
         self.inner.forget_pages(dropped);
+        // Blocks the journal carries (hitchhiking) whose pages went: revoked with the
+        // change of the block map (zeroed or freed, their logged contents are dead).
+        let carried = self.inner.hitch.forget_pages(ino, from, to);
         let mut m = self.inner.meta.lock();
         self.inner.mutate(&mut m, |m| {
+            for b in &carried {
+                m.tx.revoke(*b);
+            }
             let mut node = m.inode(ino)?;
             let freed = if unwritten {
                 node.set_written(from, to, true);
