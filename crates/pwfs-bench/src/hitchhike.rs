@@ -8,7 +8,15 @@
 //! buffer), `ext4` (a directory in the bench directory: the disk's own ext4) and
 //! `ext4 fast_commit` (`mkfs.ext4 -O fast_commit` on a loop device over an image file
 //! in the bench directory, mounted for the run; left out, with the reason in a note,
-//! where that cannot be set up).
+//! where that cannot be set up). For the `append` part only, `shim on` and `shim off`:
+//! an unmodified C program (`apps/append_sync.c`, compiled with `cc`: write(2) and
+//! fsync(2)) on a FUSE mount of the same image served by this process, hitchhiking on
+//! resp. off for that mount, run under `LD_PRELOAD=libpwfs_preload.so` (the shim;
+//! `cargo build --release -p pwfs-preload`, found through `$PWFS_PRELOAD` or beside the
+//! running `pwfs`); left out, with the reason, without root and /dev/fuse, the library
+//! or `cc`. The program waits for the bench around its timed operations, so that the
+//! counters are read exactly around them as in the other columns; the shim's request
+//! counter shows that it carried the calls.
 //!
 //! Parts (`--only append,overwrite,varmail`):
 //! - `append`: appends of 64 B to 4 KiB to one file, fsync after each (the paper's
@@ -30,14 +38,15 @@
 //! /sys/block stat file over each measured phase (medians over rounds), whoever
 //! issued them.
 
+use crate::programs::Place;
 use crate::{median, percentiles, DeviceProbe, Opts, Report};
 use pwfs::{Config, Fs, HitchhikeStats, MkfsOptions, OpenOptions};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use std::io::Write;
+use std::io::{BufRead, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::Barrier;
 use std::time::Instant;
 
@@ -65,6 +74,8 @@ const WARM: usize = 4;
 /// 1 GiB device, so that the hitchhiking buffer is its configured size (it is also
 /// bounded by a sixteenth of the journal) rather than the default journal's.
 const JOURNAL_BLOCKS: u64 = 16384;
+/// The shim columns' program (`append_sync PATH SIZE COUNT [LATFILE]`).
+const APPEND_SYNC_C: &str = include_str!("apps/append_sync.c");
 
 type R<T> = Result<T, String>;
 
@@ -80,20 +91,34 @@ fn us(t: Instant) -> f64 {
 enum Col {
     On,
     Off,
+    ShimOn,
+    ShimOff,
     Ext4,
     Ext4Fc,
 }
 
 impl Col {
-    const ALL: [Col; 4] = [Col::On, Col::Off, Col::Ext4, Col::Ext4Fc];
+    const ALL: [Col; 6] = [Col::On, Col::Off, Col::ShimOn, Col::ShimOff, Col::Ext4, Col::Ext4Fc];
 
     fn name(self) -> &'static str {
         match self {
             Col::On => "hitchhike on",
             Col::Off => "hitchhike off",
+            Col::ShimOn => "shim on",
+            Col::ShimOff => "shim off",
             Col::Ext4 => "ext4",
             Col::Ext4Fc => "ext4 fast_commit",
         }
+    }
+
+    /// A C program under the shim on a FUSE mount (the append part only).
+    fn shim(self) -> bool {
+        matches!(self, Col::ShimOn | Col::ShimOff)
+    }
+
+    /// The columns that run `work`.
+    fn of(cols: &[Col], work: Work) -> Vec<Col> {
+        cols.iter().copied().filter(|c| !c.shim() || matches!(work, Work::Append(_))).collect()
     }
 }
 
@@ -181,13 +206,14 @@ fn hh_add(a: HitchhikeStats, d: HitchhikeStats) -> HitchhikeStats {
     }
 }
 
-/// The counters at one moment: the disk's, the loop device's (ext4 fast_commit) and
-/// the engine's hitchhiking (pwfs).
+/// The counters at one moment: the disk's, the loop device's (ext4 fast_commit), the
+/// engine's hitchhiking (pwfs) and the requests the shim's socket answered (shim).
 #[derive(Clone, Copy, Default)]
 struct Snap {
     disk: Option<Counts>,
     lo: Option<Counts>,
     hh: Option<HitchhikeStats>,
+    shim: Option<u64>,
 }
 
 /// One measured phase.
@@ -198,6 +224,7 @@ struct Cell {
     disk: Option<Counts>,
     lo: Option<Counts>,
     hh: Option<HitchhikeStats>,
+    shim: Option<u64>,
 }
 
 impl Cell {
@@ -210,6 +237,7 @@ impl Cell {
             disk: since(after.disk, before.disk),
             lo: since(after.lo, before.lo),
             hh: after.hh.zip(before.hh).map(|(a, b)| hh_since(a, b)),
+            shim: after.shim.zip(before.shim).map(|(a, b)| a.saturating_sub(b)),
         }
     }
 }
@@ -225,6 +253,8 @@ struct Acc {
     /// The loop device's, summed over the rounds.
     lo: Option<Counts>,
     hh: Option<HitchhikeStats>,
+    /// Requests the shim's socket answered, summed over the rounds.
+    shim: Option<u64>,
 }
 
 impl Acc {
@@ -236,6 +266,7 @@ impl Acc {
         self.disk.push((c.ops, c.disk));
         self.lo = if first { c.lo } else { self.lo.zip(c.lo).map(|(a, d)| a.add(d)) };
         self.hh = if first { c.hh } else { self.hh.zip(c.hh).map(|(a, d)| hh_add(a, d)) };
+        self.shim = if first { c.shim } else { self.shim.zip(c.shim).map(|(a, d)| a + d) };
     }
 
     /// A disk count per operation: the median over rounds (a burst of someone else's
@@ -757,7 +788,23 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
             None
         }
     };
-    let cols: Vec<Col> = Col::ALL.into_iter().filter(|c| *c != Col::Ext4Fc || fc.is_some()).collect();
+    let shim = if wanted("append") {
+        progress("building append_sync for the shim columns");
+        match ShimRig::make(&o.dir) {
+            Ok(rig) => Some(rig),
+            Err(why) => {
+                notes.push(format!("shim columns left out: {why}"));
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let cols: Vec<Col> = Col::ALL
+        .into_iter()
+        .filter(|c| *c != Col::Ext4Fc || fc.is_some())
+        .filter(|c| !c.shim() || shim.is_some())
+        .collect();
     let mut works: Vec<Work> = Vec::new();
     if wanted("append") {
         works.extend(SIZES.map(Work::Append));
@@ -775,11 +822,23 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
             progress(&work.row());
             for round in 0..rounds {
                 let seed = o.seed ^ ((wi as u64) << 32) ^ round as u64;
-                let mut order = cols.clone();
-                order.rotate_left((round + wi) % cols.len());
+                let mut order = Col::of(&cols, *work);
+                let k = order.len();
+                order.rotate_left((round + wi) % k);
                 for col in order {
-                    let cell = run_cell(col, *work, per_cell, seed, &image, &kdir, fc.as_ref(), &disk, &lo_stat)
-                        .map_err(|e| format!("{} {}: {e}", work.row(), col.name()))?;
+                    let cell = run_cell(
+                        col,
+                        *work,
+                        per_cell,
+                        seed,
+                        &image,
+                        &kdir,
+                        fc.as_ref(),
+                        shim.as_ref(),
+                        &disk,
+                        &lo_stat,
+                    )
+                    .map_err(|e| format!("{} {}: {e}", work.row(), col.name()))?;
                     acc.entry((work.row(), col)).or_default().add(cell);
                 }
             }
@@ -791,6 +850,10 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
     drop(fc);
     let _ = std::fs::remove_file(&image);
     let _ = std::fs::remove_dir_all(&kdir);
+    if let Some(rig) = &shim {
+        let _ = std::fs::remove_dir_all(&rig.scratch);
+        let _ = std::fs::remove_dir(&rig.mnt);
+    }
     result?;
 
     let mut columns: Vec<String> = cols.iter().map(|c| c.name().to_string()).collect();
@@ -833,8 +896,13 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
             }
         }
         for w in ws {
-            let Some(on) = acc.get(&(w.row(), Col::On)).and_then(Acc::recognition) else { continue };
-            let mut cells = vec![(Col::On.name(), on)];
+            let mut cells: Vec<(&str, f64)> = [Col::On, Col::ShimOn]
+                .iter()
+                .filter_map(|c| acc.get(&(w.row(), *c)).and_then(Acc::recognition).map(|v| (c.name(), v)))
+                .collect();
+            if cells.is_empty() {
+                continue;
+            }
             if let Work::Append(size) = w {
                 if let Some((_, p)) = PAPER.iter().find(|(s, _)| s == size) {
                     cells.push((PAPER_COLUMN, *p));
@@ -850,6 +918,14 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
     r.target("64 B append, hitchhike on vs ext4", "append 64 B", on, ext4, None, Some(2.0));
     if cols.contains(&Col::Ext4Fc) {
         r.target("64 B append, hitchhike on vs ext4 fast_commit", "append 64 B", on, fc, None, Some(1.2));
+    }
+    if cols.contains(&Col::ShimOn) {
+        let (son, soff) = (Col::ShimOn.name(), Col::ShimOff.name());
+        r.target("64 B append, shim on vs shim off", "append 64 B", son, soff, None, Some(1.5));
+        r.target("64 B append, shim on vs ext4", "append 64 B", son, ext4, None, Some(2.0));
+        if cols.contains(&Col::Ext4Fc) {
+            r.target("64 B append, shim on vs ext4 fast_commit", "append 64 B", son, fc, None, Some(1.2));
+        }
     }
     let row = "append 64 B device writes";
     if r.rows.iter().any(|x| x.name == row) {
@@ -869,7 +945,10 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
     }
     for (size, _) in PAPER {
         let row = format!("append {size} B recognition");
-        r.target("recognition ratio at least the paper's", &row, on, PAPER_COLUMN, None, Some(1.0));
+        // Not where the API column's ratio is undefined (the row is there for the shim's).
+        if r.value(&row, on).is_finite() {
+            r.target("recognition ratio at least the paper's", &row, on, PAPER_COLUMN, None, Some(1.0));
+        }
     }
     for part in ["append", "overwrite"] {
         for size in SIZES {
@@ -885,10 +964,17 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
     }
 
     // Notes.
+    // The buffer the mounts had (the engine may bound the configured size).
+    let hitch_blocks = acc
+        .iter()
+        .filter(|((_, c), _)| *c == Col::On || *c == Col::ShimOn)
+        .find_map(|(_, a)| a.hh.filter(|h| h.active).map(|h| h.capacity as usize))
+        .unwrap_or(hitch_blocks);
     r.notes.push(format!(
-        "pwfs columns: Config::default() but for hitchhike (buffer of {hitch_blocks} blocks, stack Async), a fresh \
-         mount per cell of one {} MiB image (zero-filled on the host first, journal {} MiB), files removed and the \
-         file system synced after each cell, untimed; {WARM} untimed write+fsync pairs start every cell",
+        "pwfs columns (the API's and the shim's mounts): Config::default() but for hitchhike (buffer of \
+         {hitch_blocks} blocks, stack Async), a fresh mount per cell of one {} MiB image (zero-filled on the host \
+         first, journal {} MiB), files removed and the file system synced after each cell, untimed; {WARM} untimed \
+         write+fsync pairs start every cell",
         bytes / MIB,
         JOURNAL_BLOCKS * 4096 / MIB
     ));
@@ -939,37 +1025,79 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
             ));
         }
     }
-    let hh: Vec<String> = works
-        .iter()
-        .filter_map(|w| {
-            let a = acc.get(&(w.row(), Col::On))?;
-            let h = a.hh?;
-            Some(format!(
-                "{}: {}/{} pages hitchhiked, {} data blocks logged whole, {} metadata deltas, {} of {} fsync commits \
-                 commit block only, {:.0} B saved per op, {} retired",
-                w.row(),
-                h.hitchhiked,
-                h.sync_pages,
-                h.data_images,
-                h.meta_deltas,
-                h.commit_only,
-                h.sync_commits,
-                h.bytes_saved as f64 / a.ops as f64,
-                h.retired
-            ))
-        })
-        .collect();
-    if !hh.is_empty() {
-        r.notes.push(format!("hitchhike on, HitchhikeStats over the measured ops: {}", hh.join("; ")));
+    for col in [Col::On, Col::ShimOn] {
+        let hh: Vec<String> = works
+            .iter()
+            .filter_map(|w| {
+                let a = acc.get(&(w.row(), col))?;
+                let h = a.hh?;
+                Some(format!(
+                    "{}: {}/{} pages hitchhiked, {} data blocks logged whole, {} metadata deltas, {} of {} fsync \
+                     commits commit block only, {:.0} B saved per op, {} retired",
+                    w.row(),
+                    h.hitchhiked,
+                    h.sync_pages,
+                    h.data_images,
+                    h.meta_deltas,
+                    h.commit_only,
+                    h.sync_commits,
+                    h.bytes_saved as f64 / a.ops as f64,
+                    h.retired
+                ))
+            })
+            .collect();
+        if !hh.is_empty() {
+            r.notes.push(format!("{}, HitchhikeStats over the measured ops: {}", col.name(), hh.join("; ")));
+        }
+    }
+    if let Some(rig) = &shim {
+        r.notes.push(format!(
+            "shim on / shim off: {} (apps/append_sync.c, cc -O2: open O_CREAT|O_WRONLY|O_TRUNC, fsync and syncfs, \
+             {WARM} untimed appends, then write(2) + fsync(2) per op, each timed with CLOCK_MONOTONIC; ops/s its \
+             own, over its timed ops) under LD_PRELOAD={}, on a FUSE mount served by this process (as `pwfs mount` \
+             mounts: noatime, the shim's socket served; the engine's Config as the API columns', hitchhike on \
+             resp. off), a fresh mount per cell of the same image; the program waits for the bench before and \
+             after its timed ops, where the device, HitchhikeStats and shim counters are read",
+            rig.exe.file_name().unwrap_or_default().to_string_lossy(),
+            rig.preload.display()
+        ));
+        let mut carried = Vec::new();
+        let mut short = Vec::new();
+        for w in &works {
+            for col in [Col::ShimOn, Col::ShimOff] {
+                let Some(a) = acc.get(&(w.row(), col)) else { continue };
+                let requests = a.shim.unwrap_or(0);
+                let per_op = requests as f64 / a.ops.max(1) as f64;
+                carried.push(format!("{} {}: {per_op:.2}", w.row(), col.name()));
+                // A write and an fsync per op, at least.
+                if requests < 2 * a.ops {
+                    short.push(format!("{} {}", w.row(), col.name()));
+                }
+            }
+        }
+        if !carried.is_empty() {
+            r.notes.push(format!(
+                "shim requests per op (answered by the mount's shim socket over the timed ops): {}",
+                carried.join("; ")
+            ));
+        }
+        if !short.is_empty() {
+            r.notes.push(format!(
+                "WARNING: the shim did not carry every write and fsync (fewer than 2 requests per op) in {}: \
+                 those cells measured FUSE in part",
+                short.join(", ")
+            ));
+        }
     }
     let undefined: Vec<String> = works
         .iter()
-        .filter(|w| acc.get(&(w.row(), Col::On)).and_then(|a| a.hh).is_some_and(|h| h.sync_pages == 0))
-        .map(|w| w.row())
+        .flat_map(|w| [Col::On, Col::ShimOn].map(|c| (w.row(), c)))
+        .filter(|k| acc.get(k).and_then(|a| a.hh).is_some_and(|h| h.sync_pages == 0))
+        .map(|(row, c)| format!("{row} ({})", c.name()))
         .collect();
     if !undefined.is_empty() {
         r.notes.push(format!(
-            "no recognition row for {}: no page of the synced file was written by a commit for an fsync (none \
+            "no recognition figure for {}: no page of the synced file was written by a commit for an fsync (none \
              could hitchhike)",
             undefined.join(", ")
         ));
@@ -991,7 +1119,128 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
     Ok(r)
 }
 
-/// One cell: a fresh mount of the image (pwfs) or the kernel's directory.
+/// The shim columns: the compiled append_sync, the shim, where the mount goes and
+/// where the program's latencies go.
+struct ShimRig {
+    exe: PathBuf,
+    preload: PathBuf,
+    mnt: PathBuf,
+    scratch: PathBuf,
+}
+
+impl ShimRig {
+    /// The shim columns can run: FUSE, the shim (seen loaded by a program) and `cc`,
+    /// which builds append_sync into `scratch`; why not otherwise.
+    fn make(dir: &Path) -> R<ShimRig> {
+        use crate::apps::{locate, probe_preload, PRELOAD_ENV, PRELOAD_LIB};
+        if !pwfs_fuse::can_mount() {
+            return Err("a FUSE mount needs root and /dev/fuse".into());
+        }
+        let preload = locate(PRELOAD_ENV, PRELOAD_LIB, "cargo build --release -p pwfs-preload")
+            .and_then(|l| probe_preload(&l))?;
+        let scratch = dir.join("hitchhike-scratch");
+        let _ = std::fs::remove_dir_all(&scratch);
+        std::fs::create_dir_all(&scratch).map_err(err("scratch dir"))?;
+        let (src, exe) = (scratch.join("append_sync.c"), scratch.join("append_sync"));
+        std::fs::write(&src, APPEND_SYNC_C).map_err(err("write the C source"))?;
+        crate::programs::output(
+            crate::programs::command("cc", None)
+                .args(["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", "-o"])
+                .arg(&exe)
+                .arg(&src),
+            &format!("cc {}", src.display()),
+        )?;
+        Ok(ShimRig { exe, preload, mnt: dir.join("hitchhike-mnt"), scratch })
+    }
+
+    /// One cell: a fresh FUSE mount of `image` (the shim served, hitchhiking as
+    /// `hitchhike` says), append_sync run on it under the shim for `n` timed appends of
+    /// `size` bytes, its file removed and the mount closed.
+    fn append(&self, image: &Path, hitchhike: bool, size: usize, n: usize, disk: &Option<PathBuf>) -> R<Cell> {
+        let source = image.canonicalize().unwrap_or_else(|_| image.to_path_buf());
+        // As `pwfs mount` mounts by default: the image as the source, noatime, the shim served.
+        let options = pwfs_fuse::MountOptions {
+            fsname: Some(source.to_string_lossy().into_owned()),
+            flags: libc::MS_NOATIME,
+            shim: true,
+            ..Default::default()
+        };
+        let place = Place::fuse(image, pwfs_config(hitchhike), &self.mnt, &options)?;
+        let file = place.dir.join("append.dat");
+        let cell = self.run(&place, &file, size, n, disk);
+        let removed = std::fs::remove_file(&file).map_err(err("unlink"));
+        let closed = place.close();
+        let cell = cell?;
+        removed?;
+        closed?;
+        Ok(cell)
+    }
+
+    /// append_sync on `file`, its counters read when it is ready to time its appends
+    /// and when it has printed its figures.
+    fn run(&self, place: &Place, file: &Path, size: usize, n: usize, disk: &Option<PathBuf>) -> R<Cell> {
+        let snap = || Snap {
+            disk: disk.as_deref().and_then(Counts::read),
+            lo: None,
+            hh: place.fs().map(Fs::hitchhike_stats),
+            shim: place.shim_counters().map(|c| c.requests),
+        };
+        let lat_file = self.scratch.join("append_sync.lat");
+        let _ = std::fs::remove_file(&lat_file);
+        let what = format!("append_sync {} {size} {n}", file.display());
+        let mut child = crate::programs::command(&self.exe, Some(&self.preload))
+            .env("APPEND_SYNC_HANDSHAKE", "1")
+            .arg(file)
+            .arg(size.to_string())
+            .arg(n.to_string())
+            .arg(&lat_file)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(err(&what))?;
+        let mut stdin = child.stdin.take();
+        let mut out = std::io::BufReader::new(child.stdout.take().ok_or("no stdout")?);
+        let timed = (|| -> R<(Snap, String, Snap)> {
+            let mut line = String::new();
+            out.read_line(&mut line).map_err(err("read its output"))?;
+            if line.trim() != "ready" {
+                return Err(format!("it printed {line:?} instead of \"ready\""));
+            }
+            let before = snap();
+            stdin.as_mut().ok_or("no stdin")?.write_all(b"go\n").map_err(err("start it"))?;
+            let mut result = String::new();
+            out.read_line(&mut result).map_err(err("read its output"))?;
+            let after = snap();
+            Ok((before, result, after))
+        })();
+        // The end of its stdin lets it write its latencies and exit.
+        drop(stdin);
+        drop(out);
+        let ended = child.wait_with_output().map_err(err(&what))?;
+        if !ended.status.success() {
+            return Err(format!("{what}: {}:\n{}", ended.status, crate::programs::tail(&ended.stderr, b"")));
+        }
+        let (before, result, after) = timed.map_err(|e| format!("{what}: {e}"))?;
+        let figures: Vec<f64> = result.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+        let &[rate, _p50, _p99] = &figures[..] else {
+            return Err(format!("{what}: no \"ops_per_s p50_us p99_us\" line in {result:?}"));
+        };
+        let lat = std::fs::read_to_string(&lat_file)
+            .map_err(err("its latencies"))?
+            .lines()
+            .map(|l| l.trim().parse::<f64>().map_err(|e| format!("its latencies: {l:?}: {e}")))
+            .collect::<R<Vec<f64>>>()?;
+        let _ = std::fs::remove_file(&lat_file);
+        if lat.len() != n || !(rate.is_finite() && rate > 0.0) {
+            return Err(format!("{what}: {} latencies for {n} appends, {rate} ops/s", lat.len()));
+        }
+        Ok(Cell::new(lat, n as f64 / rate, before, after))
+    }
+}
+
+/// One cell: a fresh mount of the image (pwfs, through the API or under the shim) or
+/// the kernel's directory.
 #[allow(clippy::too_many_arguments)]
 fn run_cell(
     col: Col,
@@ -1001,6 +1250,7 @@ fn run_cell(
     image: &Path,
     kdir: &Path,
     fc: Option<&LoopFs>,
+    shim: Option<&ShimRig>,
     disk: &Option<PathBuf>,
     lo: &Option<PathBuf>,
 ) -> R<Cell> {
@@ -1008,7 +1258,7 @@ fn run_cell(
     match col {
         Col::On | Col::Off => {
             let fs = pwfs::mount_image(image, pwfs_config(col == Col::On)).map_err(err("mount"))?;
-            let snap = || Snap { disk: disk_now(), lo: None, hh: Some(fs.hitchhike_stats()) };
+            let snap = || Snap { disk: disk_now(), hh: Some(fs.hitchhike_stats()), ..Default::default() };
             let r = work.run(Fsys::Pwfs(&fs), n, seed, &snap);
             let synced = fs.sync().map_err(err("sync"));
             let unmounted = fs.unmount().map_err(err("unmount"));
@@ -1017,22 +1267,28 @@ fn run_cell(
             unmounted?;
             Ok(cell)
         }
+        Col::ShimOn | Col::ShimOff => {
+            let Work::Append(size) = work else { return Err("the shim columns run the appends only".into()) };
+            let rig = shim.ok_or("no shim")?;
+            rig.append(image, col == Col::ShimOn, size, n, disk)
+        }
         Col::Ext4 => {
-            let snap = || Snap { disk: disk_now(), lo: None, hh: None };
+            let snap = || Snap { disk: disk_now(), ..Default::default() };
             work.run(Fsys::Kernel(kdir), n, seed, &snap)
         }
         Col::Ext4Fc => {
             let fc = fc.ok_or("no ext4 fast_commit file system")?;
-            let snap = || Snap { disk: disk_now(), lo: lo.as_deref().and_then(Counts::read), hh: None };
+            let snap = || Snap { disk: disk_now(), lo: lo.as_deref().and_then(Counts::read), ..Default::default() };
             work.run(Fsys::Kernel(&fc.mnt), n, seed, &snap)
         }
     }
 }
 
-/// Grouped bars of ops/s by write size, one bar per column (the paper's aside), for
-/// the append workload and the overwrites; a panel for a part not run is left out.
+/// Grouped bars of ops/s by write size, one bar per column that ran the part (the
+/// paper's aside), for the append workload and the overwrites; a panel for a part not
+/// run is left out. A column keeps its colour in every panel.
 pub fn plot(r: &Report) -> String {
-    let colors = ["#d62728", "#1f77b4", "#888888", "#ff7f0e", "#2ca02c"];
+    let colors = ["#d62728", "#1f77b4", "#9467bd", "#17becf", "#888888", "#ff7f0e", "#2ca02c"];
     let cols: Vec<&String> = r.columns.iter().filter(|c| *c != PAPER_COLUMN).collect();
     let panels: Vec<(&str, &str)> = [
         ("append", "append + fsync, ops/s by write size"),
@@ -1062,21 +1318,28 @@ pub fn plot(r: &Report) -> String {
             s += &format!("<text x='{}' y='{}' text-anchor='end'>{v:.0}</text>\n", pad - 4.0, y + 4.0);
         }
         let group = pw / SIZES.len() as f64;
+        // The columns with a figure in this panel, with their colour's index.
+        let here: Vec<(usize, &String)> = cols
+            .iter()
+            .copied()
+            .enumerate()
+            .filter(|(_, c)| SIZES.iter().any(|size| r.value(&format!("{part} {size} B"), c).is_finite()))
+            .collect();
         for (j, size) in SIZES.iter().enumerate() {
             let name = format!("{part} {size} B");
-            let bw = group * 0.8 / cols.len().max(1) as f64;
-            for (c, col) in cols.iter().enumerate() {
+            let bw = group * 0.8 / here.len().max(1) as f64;
+            for (b, (c, col)) in here.iter().enumerate() {
                 let v = r.value(&name, col);
                 if !v.is_finite() {
                     continue;
                 }
                 let h = ph * v / max;
-                let x = pad + j as f64 * group + group * 0.1 + c as f64 * bw;
+                let x = pad + j as f64 * group + group * 0.1 + b as f64 * bw;
                 s += &format!(
                     "<rect x='{x:.1}' y='{:.1}' width='{:.1}' height='{h:.1}' fill='{}'><title>{col} {size} B: {v:.0} ops/s</title></rect>\n",
                     y0 + ph - h,
                     bw - 1.0,
-                    colors[c % colors.len()]
+                    colors[*c % colors.len()]
                 );
             }
             let label = if *size >= 1024 { format!("{} KiB", size / 1024) } else { format!("{size} B") };
@@ -1087,8 +1350,9 @@ pub fn plot(r: &Report) -> String {
             );
         }
     }
+    let step = ((pw + pad) / cols.len().max(1) as f64).min(130.0);
     for (c, name) in cols.iter().enumerate() {
-        let x = pad + c as f64 * 130.0;
+        let x = pad + c as f64 * step;
         s += &format!(
             "<rect x='{x}' y='{}' width='10' height='10' fill='{}'/><text x='{}' y='{}'>{name}</text>\n",
             height - 30.0,
@@ -1129,6 +1393,20 @@ mod tests {
             assert!(r.rows.iter().any(|x| x.name == format!("append {size} B recognition")));
         }
         assert!(r.rows.iter().any(|x| x.name == "varmail p99"));
+        // The shim columns, where they ran: every append row has them (check_filled: a
+        // positive figure), no other row does, and the shim carried the calls.
+        let shim_cols = [Col::ShimOn.name(), Col::ShimOff.name()];
+        if r.columns.iter().any(|c| c == Col::ShimOn.name()) {
+            for row in r.rows.iter().filter(|row| !row.name.ends_with("recognition")) {
+                let has = shim_cols.map(|c| row.values.contains_key(c));
+                let append = row.name.starts_with("append ");
+                assert_eq!(has, [append, append], "{row:?}");
+            }
+            assert!(r.notes.iter().any(|n| n.starts_with("shim requests per op")), "{:?}", r.notes);
+            assert!(!r.notes.iter().any(|n| n.contains("did not carry")), "{:?}", r.notes);
+        } else {
+            assert!(r.notes.iter().any(|n| n.starts_with("shim columns left out")), "{:?}", r.notes);
+        }
         for (size, p) in PAPER {
             assert_eq!(r.value(&format!("append {size} B recognition"), PAPER_COLUMN), p);
         }

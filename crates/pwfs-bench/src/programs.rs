@@ -3,7 +3,8 @@
 //!
 //! Interface:
 //! - `Place::fuse` mounts a fresh `Fs` over an image with FUSE and serves it from this
-//!   process; `Place::dir` is a directory on the host's file system; `Place::close`
+//!   process (`Place::fs` and `Place::shim_counters` read its engine and its shim
+//!   socket); `Place::dir` is a directory on the host's file system; `Place::close`
 //!   makes everything durable and unmounts. A cold start is `Place::close`, then
 //!   `drop_caches`, then a new `Place` (an empty engine cache, nothing in the kernel's).
 //! - `command` builds a child process, under `LD_PRELOAD` when given a library; what
@@ -112,6 +113,16 @@ impl Place {
                 Err(format!("FUSE mount: {e}"))
             }
         }
+    }
+
+    /// The engine behind a FUSE mount (its counters: `Fs::hitchhike_stats`).
+    pub fn fs(&self) -> Option<&Fs> {
+        self.mount.as_ref().map(|(fs, _)| fs)
+    }
+
+    /// The counters of the shim's socket, when the mount serves it.
+    pub fn shim_counters(&self) -> Option<pwfs_shim::server::Counters> {
+        self.shim.as_ref().map(|s| s.counters())
     }
 
     /// Everything durable; a FUSE mount unmounted and its mount point removed.
