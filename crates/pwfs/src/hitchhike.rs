@@ -307,7 +307,10 @@ impl Hitchhike {
         for b in &gone {
             g.entries.remove(b);
             g.staged.retain(|d| d.block != *b);
+            g.retired.retain(|r| r != b);
+            g.fresh.remove(b);
         }
+        self.fresh_len.store(g.fresh.len(), Ordering::Release);
         g.forgotten += gone.len();
         self.len.store(g.entries.len(), Ordering::Release);
         gone
