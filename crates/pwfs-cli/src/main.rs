@@ -246,6 +246,13 @@ fn main() -> ExitCode {
         return helper::main();
     }
     let cli = Cli::parse();
+    // A command that only prints (info, fsck, stat) piped into `head` ends quietly on
+    // SIGPIPE, as other tools do, instead of failing to print. Not the others (a mount
+    // serves sockets whose peers may go away, a benchmark runs programs).
+    if matches!(cli.cmd, Cmd::Info { .. } | Cmd::Fsck { .. } | Cmd::Stat { .. }) {
+        // SAFETY: setting a signal's disposition to the default; no handler is involved.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     match run(cli.cmd) {
         Ok(code) => code,
         Err(e) => {

@@ -346,3 +346,34 @@ fn a_read_only_mount_reads_carried_data_from_the_journal() {
     let fs = Fs::mount(ro, test_config()).unwrap();
     assert_eq!(read_all(&fs, "/log"), syncs.last().unwrap().1);
 }
+
+#[test]
+fn a_version_1_image_is_upgraded_at_its_first_writable_mount() {
+    use pwfs::format::{Superblock, VERSION};
+    let mut image = formatted_image(16 * MIB, &MkfsOptions::default());
+    let backup = image.len() - 4096;
+    for at in [0, backup] {
+        let mut sb = Superblock::decode(&image[at..at + 4096]).unwrap();
+        sb.version = 1;
+        sb.encode(&mut image[at..at + 4096]);
+    }
+    let version = |dev: &MemDevice, at: usize| Superblock::decode(&dev.snapshot()[at..at + 4096]).unwrap().version;
+    let dev = Arc::new(MemDevice::from_vec(image));
+    // Read-only: read as it is, nothing written, no hitchhiking.
+    let fs = Fs::mount(dev.clone(), Config { read_only: true, ..test_config() }).unwrap();
+    assert!(!fs.hitchhike_stats().active);
+    drop(fs);
+    assert_eq!((version(&dev, 0), version(&dev, backup)), (1, 1));
+    // Writable: both superblocks say version 2 before anything else is written.
+    let fs = Fs::mount(dev.clone(), test_config()).unwrap();
+    assert!(fs.hitchhike_stats().active);
+    assert_eq!((version(&dev, 0), version(&dev, backup)), (VERSION, VERSION));
+    let f = OpenOptions::new().write(true).create(true).open(&fs, "/a").unwrap();
+    f.write_at(b"after the upgrade", 0).unwrap();
+    f.sync_all().unwrap();
+    assert_eq!(fs.hitchhike_stats().hitchhiked, 1);
+    drop(f);
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+    assert!(Superblock::decode(&dev.snapshot()[..4096]).unwrap().clean, "unmounted clean, as version 2");
+}
