@@ -251,11 +251,17 @@ impl FsInner {
         let gate = self.size_gate.write().unwrap_or_else(|e| e.into_inner());
         let selection = self.writeback_selection(files);
         let wb = self.writeback_begin(true, selection.as_ref(), crate::writeback::Wb::Commit(files))?;
-        let taken = self.meta.lock().take_tx(selection.as_ref());
+        // The data blocks the journal carries (hitchhiking), and those it stops
+        // carrying (written home whole by this write-back), taken with the transaction
+        // under one hold of the metadata lock: a block freed after that (a truncate
+        // does not wait for commits) is revoked by the next transaction, and its
+        // record stays in this one, whose metadata still maps it.
+        let (taken, (data, retired)) = {
+            let mut m = self.meta.lock();
+            let taken = m.take_tx(selection.as_ref());
+            (taken, self.hitch.take_staged(files.is_some()))
+        };
         drop(gate);
-        // The data blocks the journal carries (hitchhiking), and revokes of those it
-        // stops carrying (written home whole by this write-back).
-        let (data, retired) = self.hitch.take_staged(files.is_some());
         let taken = taken.map(|(mut tx, frees)| {
             tx.data = data;
             tx.retired = retired;

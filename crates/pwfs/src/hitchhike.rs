@@ -289,31 +289,29 @@ impl Hitchhike {
         was
     }
 
-    /// Pages `from..to` of `ino` were dropped while their blocks stay allocated (zero
-    /// range turns them unwritten): their blocks leave the buffer, and the caller
-    /// revokes them in the transaction that changes the block map. Called under the
-    /// commit lock (no write-back routes meanwhile).
-    pub(crate) fn forget_pages(&self, ino: u64, from: u64, to: u64) -> Vec<u64> {
+    /// Pages `from..to` of `ino` were dropped (zero range, punch): the caller revokes
+    /// the blocks returned, in the transaction that changes the block map. The blocks
+    /// stay in the buffer, marked to be written home whole, until that transaction is
+    /// durable: the log still holds their older contents (a checkpoint before then
+    /// writes them home), so a block rewritten meanwhile must not be written in place
+    /// except by a commit that lists it as retired (which that checkpoint skips).
+    /// Called under the commit lock (no write-back routes meanwhile).
+    pub(crate) fn hold_pages(&self, ino: u64, from: u64, to: u64) -> Vec<u64> {
         if self.len.load(Ordering::Acquire) == 0 {
             return Vec::new();
         }
         let mut g = self.buf.lock();
-        let gone: Vec<u64> = g
-            .entries
-            .iter()
-            .filter(|(_, e)| e.page.key.0 == ino && (from..to).contains(&e.page.key.1))
-            .map(|(b, _)| *b)
-            .collect();
-        for b in &gone {
-            g.entries.remove(b);
-            g.staged.retain(|d| d.block != *b);
-            g.retired.retain(|r| r != b);
-            g.fresh.remove(b);
+        let mut held = Vec::new();
+        for (b, e) in g.entries.iter_mut() {
+            if e.page.key.0 == ino && (from..to).contains(&e.page.key.1) {
+                if e.retiring != Retiring::Written {
+                    e.retiring = Retiring::Marked;
+                }
+                held.push(*b);
+            }
         }
-        self.fresh_len.store(g.fresh.len(), Ordering::Release);
-        g.forgotten += gone.len();
-        self.len.store(g.entries.len(), Ordering::Release);
-        gone
+        g.forgotten += held.len();
+        held
     }
 
     /// The records and revokes of the commit in progress, for its transaction.

@@ -1602,7 +1602,12 @@ impl Fs {
         if carried || self.inner.cell(ino)?.lock().data_meta_dirty {
             return self.inner.commit_locked_for(Some(ino));
         }
-        self.inner.take_unflushed();
+        // Nothing written since the last flush (a commit's, or an earlier fdatasync's):
+        // everything is durable already (the kernel's FSYNC after an O_DSYNC write the
+        // front end already made durable, say).
+        if !self.inner.take_unflushed() {
+            return Ok(());
+        }
         crate::aios::submitting();
         self.inner.dev.flush().map_err(|e| self.inner.poison(e.into()))?;
         crate::aios::completed();

@@ -246,8 +246,9 @@ impl Fs {
         let dropped = self.inner.cache.drop_range(ino, from, to.min(cell.pages_end().max(from)));
         self.inner.forget_pages(dropped);
         // Blocks the journal carries (hitchhiking) whose pages went: revoked with the
-        // change of the block map (zeroed or freed, their logged contents are dead).
-        let carried = self.inner.hitch.forget_pages(ino, from, to);
+        // change of the block map (zeroed or freed, their logged contents are dead),
+        // and written home only as retired blocks until then (`hold_pages`).
+        let carried = self.inner.hitch.hold_pages(ino, from, to);
         let mut m = self.inner.meta.lock();
         self.inner.mutate(&mut m, |m| {
             for b in &carried {
