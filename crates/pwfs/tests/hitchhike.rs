@@ -420,3 +420,29 @@ fn zeroed_and_rewritten_carried_blocks_survive_checkpoints() {
         assert_eq!(read_all(&fs, "/z"), *want, "crash after {k}");
     }
 }
+
+/// After a crash the new log starts one sequence number past the last transaction
+/// replayed: a torn transaction may have left its whole commit block in the log (the
+/// asynchronous stack writes it beside its body).
+#[test]
+fn a_mount_after_a_crash_starts_the_log_past_the_next_sequence_number() {
+    use pwfs::format::{JournalHeader, Superblock};
+    let image = formatted_image(16 * MIB, &MkfsOptions::default());
+    let dev = Arc::new(SimDevice::new(image, SimConfig::default()));
+    let base = dev.start_recording();
+    let fs = Fs::mount(dev.clone(), config(Stack::Async, true)).unwrap();
+    let syncs = appends(&fs, &dev, 5, 64, false);
+    drop(fs);
+    let img = crash_image(&base, &dev.log(), syncs.last().unwrap().0, 1);
+    let sb = Superblock::decode(&img[..4096]).unwrap();
+    let at = (sb.journal_start * 4096) as usize;
+    let before = JournalHeader::decode(&img[at..at + 4096]).unwrap().start_seq;
+    let dev = Arc::new(MemDevice::from_vec(img));
+    let (fs, report) = Fs::mount_report(dev.clone(), test_config()).unwrap();
+    assert!(report.transactions_replayed > 0);
+    let after = JournalHeader::decode(&dev.snapshot()[at..at + 4096]).unwrap().start_seq;
+    assert_eq!(after, before + report.transactions_replayed as u64 + 1);
+    assert_eq!(read_all(&fs, "/log"), syncs.last().unwrap().1);
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}

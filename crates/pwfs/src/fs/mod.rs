@@ -242,6 +242,17 @@ impl Fs {
             report.blocks_replayed = journal::replay(&*dev, &sb, &scan)?;
             Default::default()
         };
+        // After a crash, the log starts one sequence number past the last one
+        // replayed: the asynchronous stack writes a commit block beside its body, so a
+        // torn transaction may have left a whole commit block of that number in the
+        // log, which a new transaction of the same number could otherwise meet where
+        // its own commit block has not landed (its body checksum alone would tell
+        // them apart).
+        let mut next_seq = scan.next_seq();
+        if !config.read_only && !sb.clean {
+            next_seq += 1;
+            journal::write_header(&*dev, sb.journal_start, next_seq)?;
+        }
         let inodes = Arc::new(inode::InodeTable::default());
         let tx = Arc::new(tx::Tx::new(sb.block_bitmap_blocks));
         let mut meta = Meta::load(sb.clone(), dev.clone(), preloaded, inodes.clone(), tx.clone())?;
@@ -249,7 +260,7 @@ impl Fs {
         // version-1 backup superblock does not upgrade it, and a version-1 build would
         // misread them).
         let deltas = config.hitchhike && !config.read_only && sb.version >= 2;
-        let journal = Journal::new(&sb, scan.next_seq()).with_deltas(deltas);
+        let journal = Journal::new(&sb, next_seq).with_deltas(deltas);
         let hitch = Arc::new(crate::hitchhike::Hitchhike::new(
             deltas,
             config.hitchhike_blocks.min((config.cache_bytes / BLOCK / 4) as usize),
