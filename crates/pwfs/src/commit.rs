@@ -434,13 +434,19 @@ impl FsInner {
     /// Hitchhiking keeps back room for the data blocks the journal carries
     /// (`Hitchhike::reserve`).
     pub(crate) fn tx_room(&self) -> u64 {
-        self.tx_cap - (self.tx_cap / 8).min(64) - self.hitch.reserve()
+        admission_room(self.tx_cap) - self.hitch.reserve()
     }
 
     /// Blocks kept back for metadata that commits allocate (extent chains).
     pub(crate) fn meta_reserve(m: &Meta) -> u64 {
         (m.sb.data_blocks() / 100).clamp(8, 1024)
     }
+}
+
+/// The log blocks operations may be admitted into, out of a journal of `tx_cap`, before
+/// hitchhiking keeps its room back (see `FsInner::tx_room`).
+pub(crate) fn admission_room(tx_cap: u64) -> u64 {
+    tx_cap - (tx_cap / 8).min(64)
 }
 
 /// The metadata lock of an admitted operation, with the room promised to it in the

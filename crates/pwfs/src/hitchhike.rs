@@ -91,6 +91,14 @@ struct Buffer {
     forgotten: usize,
 }
 
+impl Buffer {
+    /// Bytes the next data delta of the commit in progress may take in its commit
+    /// block (what is left of the room for data, less the record's header).
+    fn delta_room(&self) -> usize {
+        (JCOMMIT_EXTRA_MAX - META_ROOM).saturating_sub(self.staged_bytes + JDELTA_HEADER)
+    }
+}
+
 /// Blocks that are not fresh tried per commit.
 const OTHER_TRIES: usize = 16;
 
@@ -147,11 +155,12 @@ pub(crate) struct Hitchhike {
 }
 
 impl Hitchhike {
-    /// `tx_cap`: the journal's log blocks; `largest_op`: log blocks the largest single
+    /// `tx_cap`: the journal's log blocks; `spare`: the log blocks operations are
+    /// admitted into (`commit::admission_room`) beyond what the largest single
     /// operation may need (mkfs sizes the journal for it): the room kept back for
     /// hitchhiking never cuts into that. A journal too small for both has none.
-    pub(crate) fn new(on: bool, blocks: usize, tx_cap: u64, largest_op: u64) -> Hitchhike {
-        let spare = tx_cap.saturating_sub((tx_cap / 8).min(64) + largest_op) / 4;
+    pub(crate) fn new(on: bool, blocks: usize, tx_cap: u64, spare: u64) -> Hitchhike {
+        let spare = spare / 4;
         let max = if on { blocks.min((tx_cap / 16) as usize).min(spare as usize) } else { 0 };
         Hitchhike {
             on: on && max > 0,
@@ -204,6 +213,7 @@ impl Hitchhike {
         }
         let mut g = self.buf.lock();
         let b = &mut *g;
+        let room = b.delta_room();
         if let Some(e) = b.entries.get_mut(&block) {
             if !commit {
                 self.kept.fetch_add(1, Ordering::Relaxed);
@@ -215,8 +225,7 @@ impl Hitchhike {
                 return Route::InPlace;
             }
             e.active |= sync;
-            let limit = (JCOMMIT_EXTRA_MAX - META_ROOM).saturating_sub(b.staged_bytes + JDELTA_HEADER);
-            let delta = crate::journal::make_delta(block, data, Some(&e.durable), limit);
+            let delta = crate::journal::make_delta(block, data, Some(&e.durable), room);
             if let Some(d) = &delta {
                 b.staged_bytes += d.encoded_len();
                 if sync {
@@ -252,8 +261,7 @@ impl Hitchhike {
             }
             b.tries += 1;
         }
-        let limit = (JCOMMIT_EXTRA_MAX - META_ROOM).saturating_sub(b.staged_bytes + JDELTA_HEADER);
-        let delta = crate::journal::make_delta(block, data, None, limit);
+        let delta = crate::journal::make_delta(block, data, None, room);
         match &delta {
             Some(d) => {
                 b.staged_bytes += d.encoded_len();

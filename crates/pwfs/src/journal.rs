@@ -138,15 +138,14 @@ pub fn make_delta(block: u64, new: &[u8], base: Option<&[u8]>, limit: usize) -> 
     Some(JournalDelta {
         block,
         zero_base: base.is_none(),
-        base_crc: base.map_or(ZERO_BLOCK_CRC.with(|c| *c), crc32c::crc32c),
+        base_crc: base.map_or(*ZERO_BLOCK_CRC, crc32c::crc32c),
         result_crc: crc32c::crc32c(new),
         xor_lz4: out,
     })
 }
 
-thread_local! {
-    static ZERO_BLOCK_CRC: u32 = crc32c::crc32c(&[0u8; BLOCK_SIZE]);
-}
+/// crc32c of a block of zeros: the base checksum of a zero-based delta.
+static ZERO_BLOCK_CRC: std::sync::LazyLock<u32> = std::sync::LazyLock::new(|| crc32c::crc32c(&[0u8; BLOCK_SIZE]));
 
 /// Apply a delta to its base: the new contents, or None if the base or the result is
 /// not the block the delta was made for.

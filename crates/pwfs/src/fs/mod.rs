@@ -265,7 +265,7 @@ impl Fs {
             deltas,
             config.hitchhike_blocks.min((config.cache_bytes / BLOCK / 4) as usize),
             journal.capacity(),
-            sb.block_bitmap_blocks + 32,
+            crate::commit::admission_room(journal.capacity()).saturating_sub(sb.block_bitmap_blocks + 32),
         ));
         meta.hitch = hitch.clone();
         let inner = Arc::new(FsInner {
