@@ -7,6 +7,7 @@
 //! Cold reads: Patchwork's cache is evicted through the engine, the kernel's dropped
 //! with POSIX_FADV_DONTNEED (on ext4 and on the FUSE file).
 
+use crate::memcg;
 use crate::personalities::{self, Personality};
 use crate::{median, percentiles, shuffled_pages, Opts, Report};
 use pwfs::{Config, Fs, MkfsOptions};
@@ -312,10 +313,29 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
         let mut git_ms = vec![Vec::new(); n];
         let mut reads = vec![Vec::new(); n];
         let mut persona = vec![vec![Vec::new(); n]; Personality::ALL.len()];
+        let mut persona_all = vec![Vec::new(); Personality::ALL.len()];
         let load_of = |p: Personality| match o.file_mib {
             0..=16 => p.smoke(),
             17..=256 => p.quick(),
             _ => p.full(),
+        };
+        // Rows whose file set is larger than pwfs's cache measure memory as much as the
+        // mount: each side gets the same (see the note the report carries).
+        let memory_bound = |load: &personalities::Load| load.files as u64 * load.file_bytes > crate::basic::CACHE_BYTES;
+        let mut limit_err = None;
+        let limits = if Personality::ALL.iter().any(|&p| wanted(p.name()) && memory_bound(&load_of(p))) {
+            let client = crate::basic::CACHE_BYTES;
+            match memcg::Limit::new(client)
+                .and_then(|a| Ok((a, memcg::Limit::new(client + crate::basic::CACHE_BYTES)?)))
+            {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    limit_err = Some(e);
+                    None
+                }
+            }
+        } else {
+            None
         };
         for run in 0..o.runs {
             progress(&format!("run {} of {}", run + 1, o.runs));
@@ -370,12 +390,27 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
                     continue;
                 }
                 let load = load_of(p);
+                let cell = |dir: &Path| -> R<f64> {
+                    personalities::prepare(p, dir, &load)?;
+                    syncfs(dir)?;
+                    let v = personalities::run(p, dir, &load)?;
+                    personalities::cleanup(p, dir)?;
+                    Ok(v)
+                };
+                let bound = memory_bound(&load);
                 for &i in &order {
                     progress(&format!("run {} of {}: {}-like on {}", run + 1, o.runs, p.name(), sides[i].name));
-                    personalities::prepare(p, &sides[i].dir, &load)?;
-                    syncfs(&sides[i].dir)?;
-                    persona[k][i].push(personalities::run(p, &sides[i].dir, &load)?);
-                    personalities::cleanup(p, &sides[i].dir)?;
+                    let dir = &sides[i].dir;
+                    persona[k][i].push(match (bound, &limits) {
+                        (true, Some((pwfs, kernel))) => {
+                            if sides[i].fs.is_some() { pwfs } else { kernel }.run(|| cell(dir))?
+                        }
+                        _ => cell(dir)?,
+                    });
+                    if bound && sides[i].fs.is_none() {
+                        // The kernel with all of the machine's memory, for the record.
+                        persona_all[k].push(cell(dir)?);
+                    }
                 }
             }
         }
@@ -424,8 +459,14 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
                 continue;
             }
             let load = load_of(p);
-            let name = format!("{}-like, {} threads", p.name(), load.threads);
+            let equal = memory_bound(&load) && limits.is_some();
+            let name =
+                format!("{}-like, {} threads{}", p.name(), load.threads, if equal { ", equal memory" } else { "" });
             r.row(&name, "ops/s", false, &cols(&persona[k]));
+            if !persona_all[k].is_empty() {
+                let all = format!("{}-like, {} threads, ext4 with all memory", p.name(), load.threads);
+                r.row(&all, "ops/s", false, &[("ext4", median(persona_all[k].clone()))]);
+            }
             persona_rows.push((p, name));
         }
         r.ratio_bases.push("ext4".into());
@@ -442,7 +483,25 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
             r.target(p.name(), name, "pwfs", "ext4", None, Some(at_least));
         }
         r.notes.push("pwfs / best kernel: for times, > 1 means pwfs is slower".into());
-        r.notes.push("ext4 runs with all of the machine's memory for its page cache".into());
+        match &limits {
+            Some((pwfs, kernel)) if Personality::ALL.iter().any(|&p| wanted(p.name()) && memory_bound(&load_of(p))) => {
+                r.notes.push(format!(
+                    "rows marked 'equal memory' (a file set larger than pwfs's {} MiB cache) run each side's workload \
+                     in a child process in a memory cgroup: {} MiB for a pwfs mount's clients (their kernel page \
+                     cache) on top of pwfs's own cache, {} MiB for ext4; the row after each gives ext4 with all of \
+                     the machine's memory",
+                    crate::basic::CACHE_BYTES / MIB,
+                    pwfs.bytes() / MIB,
+                    kernel.bytes() / MIB
+                ));
+                r.notes.push("other rows: ext4 runs with all of the machine's memory for its page cache".into());
+            }
+            Some(_) => r.notes.push("ext4 runs with all of the machine's memory for its page cache".into()),
+            None => r.notes.push(format!(
+                "ext4 runs with all of the machine's memory for its page cache: no memory cgroup here ({})",
+                limit_err.as_deref().unwrap_or("?")
+            )),
+        }
         Ok(r)
     })();
     drop(sides);

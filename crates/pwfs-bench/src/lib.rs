@@ -36,6 +36,7 @@ pub mod basic;
 pub mod fuse;
 pub mod hitchhike;
 pub mod kernel;
+pub mod memcg;
 pub mod nbw;
 pub mod personalities;
 pub mod programs;
