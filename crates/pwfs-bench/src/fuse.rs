@@ -496,11 +496,13 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
                 ));
                 r.notes.push("other rows: ext4 runs with all of the machine's memory for its page cache".into());
             }
-            Some(_) => r.notes.push("ext4 runs with all of the machine's memory for its page cache".into()),
-            None => r.notes.push(format!(
-                "ext4 runs with all of the machine's memory for its page cache: no memory cgroup here ({})",
-                limit_err.as_deref().unwrap_or("?")
-            )),
+            _ => match &limit_err {
+                Some(e) => r.notes.push(format!(
+                    "ext4 runs with all of the machine's memory for its page cache, on every row: no memory \
+                     cgroup here ({e})"
+                )),
+                None => r.notes.push("ext4 runs with all of the machine's memory for its page cache".into()),
+            },
         }
         Ok(r)
     })();
