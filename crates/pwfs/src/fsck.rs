@@ -32,6 +32,10 @@ pub struct Report {
     pub blocks_used: u64,
     /// The superblock says the image was unmounted cleanly (a mount trusts it).
     pub marked_clean: bool,
+    /// Those of `errors` that a mount repairs itself (a damaged primary superblock
+    /// whose backup is intact, a format upgrade the backup has and the primary not):
+    /// they do not stop a mount that runs this check.
+    pub repairable: Vec<String>,
     pub superblock: Option<Superblock>,
 }
 
@@ -259,14 +263,32 @@ pub fn check_with_progress(dev: &dyn Device, progress: &mut dyn FnMut(u64, u64))
     let (sb, used_backup) = crate::fs::read_superblock(dev)?;
     r.marked_clean = sb.clean;
     let err = push_error;
+    let repairable = |r: &mut Report, e: String| {
+        r.repairable.push(e.clone());
+        push_error(r, e);
+    };
     if used_backup {
-        err(&mut r, "primary superblock is damaged (the backup is intact)".into());
+        repairable(&mut r, "primary superblock is damaged (the backup is intact; a writable mount rewrites it)".into());
     } else {
         let total = dev.len() / BLOCK;
         let (b, res) = dev.read((total - 1) * BLOCK, dev.alloc(BLOCK_SIZE));
         match res.map_err(|e| e.to_string()).and_then(|_| Superblock::decode(&b).map_err(|e| e.to_string())) {
             // Only the primary's state word is kept up to date.
-            Ok(backup) if Superblock { clean: sb.clean, ..backup } == sb => {}
+            Ok(backup) if Superblock { clean: sb.clean, ..backup.clone() } == sb => {}
+            // The upgrade writes the backup first: a crash before the primary leaves this.
+            Ok(backup)
+                if Superblock { clean: sb.clean, version: sb.version, ..backup.clone() } == sb
+                    && (sb.version..=crate::format::VERSION).contains(&backup.version) =>
+            {
+                repairable(
+                    &mut r,
+                    format!(
+                        "format upgrade unfinished: the backup superblock says version {}, the primary {} (a \
+                         writable mount finishes it)",
+                        backup.version, sb.version
+                    ),
+                );
+            }
             Ok(_) => err(&mut r, "backup superblock differs from the primary".into()),
             Err(e) => err(&mut r, format!("backup superblock: {e}")),
         }

@@ -174,6 +174,34 @@ fn damaged_primary_superblock_falls_back_to_the_backup() {
 }
 
 #[test]
+fn a_writable_mount_that_checked_the_image_rewrites_a_damaged_primary_superblock() {
+    use pwfs::format::Superblock;
+    let mut img = populated_image();
+    img[100] ^= 0xff;
+    let dev = Arc::new(MemDevice::from_vec(img));
+    // Read-only: nothing is written, the damage stays for fsck to report.
+    let (fs, report) = Fs::mount_report(dev.clone(), Config { read_only: true, ..test_config() }).unwrap();
+    assert!(report.used_backup_superblock);
+    drop(fs);
+    assert!(Superblock::decode(&dev.snapshot()[..4096]).is_err());
+    // Writable, with the full check (the default for an image not known clean): the
+    // primary is rewritten from the backup, and the image ends clean again.
+    let (fs, report) =
+        Fs::mount_report(dev.clone(), Config { check_on_mount: MountCheck::IfNotClean, ..test_config() }).unwrap();
+    assert!(report.used_backup_superblock);
+    assert_eq!(fs.read_file("/d/f3").unwrap(), vec![3u8; 2100]);
+    fs.write_file("/after", b"written on the restored image").unwrap();
+    fs.unmount().unwrap();
+    let sb = Superblock::decode(&dev.snapshot()[..4096]).expect("the primary is whole again");
+    assert!(sb.clean, "unmounted clean");
+    let r = pwfs::fsck::check(&*dev).unwrap();
+    assert!(r.is_clean(), "{:?}", r.errors);
+    let (fs, report) = Fs::mount_report(dev, test_config()).unwrap();
+    assert!(!report.used_backup_superblock);
+    assert_eq!(fs.read_file("/after").unwrap(), b"written on the restored image");
+}
+
+#[test]
 fn enospc_leaves_a_consistent_usable_file_system() {
     let dev = Arc::new(MemDevice::new(4 * MIB));
     pwfs::mkfs(&*dev, &MkfsOptions { inodes: Some(1024), journal_blocks: Some(64) }).unwrap();

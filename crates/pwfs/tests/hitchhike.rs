@@ -348,6 +348,65 @@ fn a_read_only_mount_reads_carried_data_from_the_journal() {
 }
 
 #[test]
+fn an_upgrade_torn_in_the_primary_superblock_is_finished_by_the_next_mount() {
+    use pwfs::format::{Superblock, VERSION};
+    let mut image = formatted_image(16 * MIB, &MkfsOptions::default());
+    let backup = image.len() - 4096;
+    let mut v1 = image[..4096].to_vec();
+    let mut sb = Superblock::decode(&v1).unwrap();
+    sb.version = 1;
+    sb.encode(&mut v1);
+    // The upgrade wrote the backup as version 2, then tore its write of the primary:
+    // the first sector is new, the rest old.
+    let mut v2 = v1.clone();
+    Superblock { version: VERSION, clean: false, ..Superblock::decode(&v1).unwrap() }.encode(&mut v2);
+    image[backup..].copy_from_slice(&v2);
+    image[..4096].copy_from_slice(&v1);
+    image[..512].copy_from_slice(&v2[..512]);
+    assert!(Superblock::decode(&image[..4096]).is_err(), "a torn primary");
+    let dev = Arc::new(MemDevice::from_vec(image));
+    let (fs, report) = Fs::mount_report(dev.clone(), test_config()).unwrap();
+    assert!(report.used_backup_superblock);
+    assert!(fs.hitchhike_stats().active, "the image says version {VERSION}");
+    let f = OpenOptions::new().write(true).create(true).open(&fs, "/a").unwrap();
+    f.write_at(b"after the torn upgrade", 0).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    fs.unmount().unwrap();
+    let sb = Superblock::decode(&dev.snapshot()[..4096]).expect("the primary is whole again");
+    assert_eq!(sb.version, VERSION);
+    assert!(sb.clean, "unmounted clean");
+    fsck_clean(&*dev);
+    let (fs, report) = Fs::mount_report(dev, test_config()).unwrap();
+    assert!(!report.used_backup_superblock);
+    assert_eq!(read_all(&fs, "/a"), b"after the torn upgrade");
+}
+
+#[test]
+fn an_upgrade_interrupted_between_its_two_superblocks_is_finished_by_the_next_mount() {
+    use pwfs::format::{Superblock, VERSION};
+    let mut image = formatted_image(16 * MIB, &MkfsOptions::default());
+    let backup = image.len() - 4096;
+    let sb = Superblock::decode(&image[..4096]).unwrap();
+    // The primary still says version 1 and not clean (the mount before had crashed);
+    // the upgrade had written the backup.
+    Superblock { version: 1, clean: false, ..sb.clone() }.encode(&mut image[..4096]);
+    Superblock { version: VERSION, clean: false, ..sb }.encode(&mut image[backup..]);
+    let dev = Arc::new(MemDevice::from_vec(image));
+    let r = pwfs::fsck::check(&*dev).unwrap();
+    assert_eq!(r.errors, r.repairable, "only the unfinished upgrade: {:?}", r.errors);
+    assert_eq!(r.errors.len(), 1);
+    let (fs, report) = Fs::mount_report(dev.clone(), test_config()).unwrap();
+    assert!(!report.used_backup_superblock);
+    assert!(fs.hitchhike_stats().active);
+    fs.write_file("/a", b"after").unwrap();
+    fs.unmount().unwrap();
+    let version = |at: usize| Superblock::decode(&dev.snapshot()[at..at + 4096]).unwrap().version;
+    assert_eq!((version(0), version(backup)), (VERSION, VERSION));
+    fsck_clean(&*dev);
+}
+
+#[test]
 fn a_version_1_image_is_upgraded_at_its_first_writable_mount() {
     use pwfs::format::{Superblock, VERSION};
     let mut image = formatted_image(16 * MIB, &MkfsOptions::default());

@@ -212,14 +212,21 @@ impl Fs {
         let gate = Arc::new(crate::device::gate::Gate::new(dev));
         let mut dev: Arc<dyn Device> = gate.clone();
         let (mut sb, used_backup) = read_superblock(&*dev)?;
-        if mount::needs_check(&sb, &config) {
+        let checked = mount::needs_check(&sb, &config);
+        if checked {
             // Before anything is written: a damaged image is refused unchanged.
             mount::check(&*dev)?;
         }
-        if !config.read_only && !used_backup && sb.version < f::VERSION {
+        // A damaged primary superblock (a torn write of the upgrade below, a bad
+        // sector) is rewritten from the backup by a writable mount once the full check
+        // has passed, as e2fsck does; without that check it is left for fsck to report
+        // and this mount writes no superblock.
+        let restored = used_backup && checked && !config.read_only && mount::restore_primary(&*dev, &sb)?;
+        let on_backup = used_backup && !restored;
+        if !config.read_only && !on_backup && sb.version < f::VERSION {
             mount::upgrade(&*dev, &mut sb)?;
         }
-        let clean = mount::CleanFlag::new(&sb, used_backup, config.read_only);
+        let clean = mount::CleanFlag::new(&sb, on_backup, config.read_only);
         let scan = journal::scan(&*dev, &sb)?;
         let mut report = MountReport {
             used_backup_superblock: used_backup,

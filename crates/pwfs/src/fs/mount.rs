@@ -11,7 +11,9 @@
 //!
 //! Only the primary superblock's state word is written: it lies outside the checksum,
 //! so the rest of the block is rewritten byte for byte and a torn write leaves either
-//! state. A mount that had to use the backup superblock never writes one.
+//! state. A mount that had to use the backup superblock writes none, unless it is
+//! writable and the full check passed: then it first rewrites the primary from the
+//! backup (`restore_primary`).
 
 use crate::config::{Config, MountCheck};
 use crate::device::Device;
@@ -35,11 +37,14 @@ pub(crate) fn needs_orphan_scan(sb: &Superblock, config: &Config) -> bool {
 
 /// The full check, before anything is written: an image that fails it is refused
 /// unchanged.
+/// Superblock damage the mount repairs itself (`fsck::Report::repairable`) does not
+/// count.
 pub(crate) fn check(dev: &dyn Device) -> Result<()> {
     let r = crate::fsck::check(dev)?;
-    if !r.is_clean() {
-        let n = r.errors.len();
-        let first = r.errors.iter().take(3).cloned().collect::<Vec<_>>().join("; ");
+    let errors: Vec<&String> = r.errors.iter().filter(|e| !r.repairable.contains(e)).collect();
+    if !errors.is_empty() {
+        let n = errors.len();
+        let first = errors.iter().take(3).map(|e| e.as_str()).collect::<Vec<_>>().join("; ");
         return Err(Error::corrupt(format!(
             "image fails its consistency check ({n} problem(s): {first}); run `pwfs fsck` for the full report"
         )));
@@ -55,6 +60,23 @@ pub(crate) fn set_clean(dev: &dyn Device, sb: &Superblock, clean: bool) -> Resul
     r?;
     dev.flush()?;
     Ok(())
+}
+
+/// Rewrite a damaged primary superblock from the backup's contents `sb` (not clean),
+/// and flush: from then on the mount keeps the state word as usual.
+/// Returns whether the primary reads back whole (if not, the mount goes on from the
+/// backup and writes no superblock, as without this).
+pub(crate) fn restore_primary(dev: &dyn Device, sb: &Superblock) -> Result<bool> {
+    set_clean(dev, sb, false)?;
+    let (b, r) = dev.read(0, dev.alloc(BLOCK_SIZE));
+    r?;
+    let whole = Superblock::decode(&b).is_ok_and(|back| back == Superblock { clean: false, ..sb.clone() });
+    if whole {
+        tracing::warn!("the primary superblock was damaged: rewritten from the backup");
+    } else {
+        tracing::error!("the primary superblock is damaged and rewriting it from the backup did not hold");
+    }
+    Ok(whole)
 }
 
 /// Raise an older image to this build's format version before a writable mount
