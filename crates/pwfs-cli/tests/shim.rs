@@ -182,6 +182,17 @@ fn role_write(path: &Path) {
         assert_eq!(*libc::__errno_location(), libc::EBADF);
         assert_eq!(libc::ftruncate(ro.as_raw_fd(), 0), -1);
         assert_eq!(*libc::__errno_location(), libc::EINVAL);
+        // Zero bytes: the kernel's answers too.
+        assert_eq!(libc::write(ro.as_raw_fd(), b"x".as_ptr() as *const libc::c_void, 0), -1);
+        assert_eq!(*libc::__errno_location(), libc::EBADF);
+        let wo = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        let mut byte = [0u8; 1];
+        assert_eq!(libc::read(wo.as_raw_fd(), byte.as_mut_ptr() as *mut libc::c_void, 0), -1);
+        assert_eq!(*libc::__errno_location(), libc::EBADF);
+        assert_eq!(libc::pwrite(fd, b"x".as_ptr() as *const libc::c_void, 0, -1), -1);
+        assert_eq!(*libc::__errno_location(), libc::EINVAL);
+        assert_eq!(libc::write(fd, b"x".as_ptr() as *const libc::c_void, 0), 0);
+        assert_eq!(libc::pread(fd, byte.as_mut_ptr() as *mut libc::c_void, 0, 5), 0);
     }
     f.sync_all().unwrap();
 }

@@ -165,12 +165,16 @@ unsafe fn write_pos(fd: c_int, o: Ours, iov: &[iovec], len: usize) -> Result<usi
     if pos < 0 {
         return Err(Fail::Kernel);
     }
-    if len == 0 {
-        return Ok(0);
-    }
     let (n, end) = write_at(o, iov, len, pos as u64)?;
     real::lseek64(fd, end as i64, libc::SEEK_SET);
     Ok(n)
+}
+
+/// A call of zero bytes goes to the kernel, which answers it without a data request
+/// and with the errno a carried call could not know without one (EBADF on a descriptor
+/// not open for that direction, EINVAL on a negative offset).
+fn nothing<T>(total: &Result<(T, usize), Fail>) -> bool {
+    matches!(total, Ok((_, 0)))
 }
 
 /// The carried form of every read: `off` None is at the file position, which the
@@ -182,7 +186,11 @@ unsafe fn do_read(fd: c_int, iov: *const iovec, cnt: c_int, off: Option<i64>) ->
         if off.is_none() && !o.private {
             return None;
         }
-        let r = total(iov, cnt).and_then(|(iov, len)| match off {
+        let total = total(iov, cnt);
+        if nothing(&total) {
+            return None;
+        }
+        let r = total.and_then(|(iov, len)| match off {
             None => client::with_position(fd, || read_pos(fd, o, iov, len)),
             Some(off) => read_at(o, iov, len, offset(off, len)?),
         });
@@ -200,16 +208,14 @@ unsafe fn do_write(fd: c_int, iov: *const iovec, cnt: c_int, off: Option<i64>) -
         if off.is_none() && !o.private && !o.append {
             return None;
         }
-        let r = total(iov, cnt).and_then(|(iov, len)| match off {
+        let total = total(iov, cnt);
+        if nothing(&total) {
+            return None;
+        }
+        let r = total.and_then(|(iov, len)| match off {
             None if o.private => client::with_position(fd, || write_pos(fd, o, iov, len)),
             None => write_pos(fd, o, iov, len),
-            Some(off) => {
-                let at = offset(off, len)?;
-                if len == 0 {
-                    return Ok(0);
-                }
-                write_at(o, iov, len, at).map(|(n, _)| n)
-            }
+            Some(off) => write_at(o, iov, len, offset(off, len)?).map(|(n, _)| n),
         });
         finish(r.map(|n| n as i64))
     })
