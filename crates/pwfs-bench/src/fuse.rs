@@ -17,7 +17,7 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 type R<T> = Result<T, String>;
 const MIB: u64 = 1 << 20;
@@ -403,11 +403,13 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
                     let dir = &sides[i].dir;
                     persona[k][i].push(match (bound, &limits) {
                         (true, Some((pwfs, kernel))) => {
-                            if sides[i].fs.is_some() { pwfs } else { kernel }.run(|| cell(dir))?
+                            // Far past any cell's time: only a hung child meets it.
+                            let timeout = load.duration * 6 + Duration::from_secs(1800);
+                            if sides[i].fs.is_some() { pwfs } else { kernel }.run(timeout, || cell(dir))?
                         }
                         _ => cell(dir)?,
                     });
-                    if bound && sides[i].fs.is_none() {
+                    if bound && limits.is_some() && sides[i].fs.is_none() {
                         // The kernel with all of the machine's memory, for the record.
                         persona_all[k].push(cell(dir)?);
                     }
