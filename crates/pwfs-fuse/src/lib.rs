@@ -443,6 +443,14 @@ fn groups_and_fsetid(pid: u32) -> (Vec<u32>, bool) {
     (groups.unwrap_or_default(), caps & (1 << CAP_FSETID) != 0)
 }
 
+/// Whether process `pid` has CAP_FSETID (4) over this file system: in effect, and in
+/// this process's user namespace (`unshare -r`'s root has none here).
+fn fsetid_here(pid: u32) -> bool {
+    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/user")).ok();
+    let same = matches!((ns(&pid.to_string()), ns("self")), (Some(a), Some(b)) if a == b);
+    same && has_cap(pid, 4)
+}
+
 /// Whether process `pid` has capability number `cap` in effect (/proc/PID/status).
 fn has_cap(pid: u32, cap: u32) -> bool {
     let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return false };
@@ -517,6 +525,10 @@ impl Filesystem for PwFuse {
                 | InitFlags::FUSE_POSIX_ACL
                 | InitFlags::FUSE_DONT_MASK,
         );
+        // The server clears set-ID bits and file capabilities on writes, truncates and
+        // chowns; the kernel then marks the file system SB_NOSEC and stops asking for
+        // security.capability (a GETXATTR request) before every cached write.
+        let _ = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2);
         if self.cache != KernelCache::Off {
             let _ = config.add_capabilities(InitFlags::FUSE_NO_OPENDIR_SUPPORT);
         }
@@ -567,7 +579,7 @@ impl Filesystem for PwFuse {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -591,11 +603,25 @@ impl Filesystem for PwFuse {
             atime: atime.map(time_set),
             mtime: mtime.map(time_set),
             ctime: ctime.map(timespec),
-            // The kernel sends the mode it wants when a truncate or chown clears
-            // set-id bits (FUSE_HANDLE_KILLPRIV is not negotiated).
+            // Cleared below (FUSE_HANDLE_KILLPRIV_V2).
             kill_setid: false,
         };
         self.view.touch(ino.0);
+        // FUSE_HANDLE_KILLPRIV_V2: a truncate clears the set-ID bits of a caller
+        // without CAP_FSETID (the kernel's FATTR_KILL_SUIDGID, which fuser does not pass
+        // on: the caller's capability is read from /proc, only when such a bit is set)
+        // and anyone's file capabilities; a change of owner drops the capabilities too
+        // (the engine clears set-ID bits on it already).
+        if size.is_some() || uid.is_some() || gid.is_some() {
+            let setid = size.is_some()
+                && self.fs.getattr(ino.0).is_ok_and(|m| m.mode & (libc::S_ISUID | libc::S_ISGID) != 0)
+                && !fsetid_here(req.pid());
+            match self.fs.kill_privs(ino.0, setid) {
+                Ok(_) => {}
+                Err(e) if e.errno() == libc::ENOENT => {}
+                Err(e) => return reply.error(errno(e)),
+            }
+        }
         match self.fs.setattr(ino.0, &set) {
             Ok(m) => reply.attr(&TTL, &attr(&m)),
             Err(e) => reply.error(errno(e)),
@@ -738,22 +764,19 @@ impl Filesystem for PwFuse {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyWrite,
     ) {
-        // The writer lacks CAP_FSETID: set-id bits go first. The kernel says so on
-        // every direct write (KernelCache::Off); in the cached modes it clears them
-        // itself with a setattr before the write (no FUSE_HANDLE_KILLPRIV_V2: see
-        // docs/DECISIONS.md).
-        if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
-            match self.fs.remove_privs(ino.0) {
-                // The kernel keeps the mode it had cached after a direct write: drop
-                // its attributes (offset -1: not its pages, which this write may hold).
-                Ok(true) => {
-                    if let Some(n) = self.notifier.get() {
-                        let _ = n.inval_inode(ino, -1, 0);
-                    }
+        // Set-ID bits (when the writer lacks CAP_FSETID, which the kernel says on
+        // every write: FUSE_HANDLE_KILLPRIV_V2, and direct writes always) and file
+        // capabilities go first (an atomic load when there is nothing to drop).
+        match self.fs.kill_privs(ino.0, write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID)) {
+            // The kernel keeps the mode it had cached after a write: drop its
+            // attributes (offset -1: not its pages, which this write may hold).
+            Ok(true) => {
+                if let Some(n) = self.notifier.get() {
+                    let _ = n.inval_inode(ino, -1, 0);
                 }
-                Ok(false) => {}
-                Err(e) => return reply.error(errno(e)),
             }
+            Ok(false) => {}
+            Err(e) => return reply.error(errno(e)),
         }
         // O_APPEND is resolved by the kernel into the offset it sends, from the size it
         // caches; after the shim appended (behind its back) that size can be stale, and

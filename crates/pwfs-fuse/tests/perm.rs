@@ -39,6 +39,24 @@ fn mode(p: &Path) -> u32 {
     std::fs::metadata(p).unwrap().mode() & 0o7777
 }
 
+fn set_caps(p: &Path, value: &[u8]) {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: valid C strings and buffer.
+    let r = unsafe {
+        libc::setxattr(c.as_ptr(), c"security.capability".as_ptr(), value.as_ptr() as *const _, value.len(), 0)
+    };
+    assert_eq!(r, 0, "setxattr security.capability: {}", std::io::Error::last_os_error());
+}
+
+fn has_caps(p: &Path) -> bool {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let mut buf = [0u8; 64];
+    // SAFETY: valid C strings and buffer.
+    let r =
+        unsafe { libc::getxattr(c.as_ptr(), c"security.capability".as_ptr(), buf.as_mut_ptr() as *mut _, buf.len()) };
+    r > 0
+}
+
 fn chmod(p: &Path, mode: u32) {
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
 }
@@ -83,6 +101,28 @@ fn unprivileged_writes_and_truncates_clear_set_id_bits_in_every_cache_mode() {
                 _ => unreachable!(),
             }
             assert_eq!(mode(&f), after, "{name} ({how}) with kernel cache {cache:?}: {:o}", mode(&f));
+        }
+        // File capabilities go at any write or truncate, root's included (a
+        // capability set of revision 2: cap_net_bind_service permitted).
+        let caps: [u8; 20] = [0, 0, 0, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        for (name, how) in [("cap-append", "append"), ("cap-trunc", "truncate"), ("cap-root", "root-append")] {
+            let f = p(name);
+            std::fs::write(&f, b"data").unwrap();
+            chmod(&f, 0o777);
+            set_caps(&f, &caps);
+            assert!(has_caps(&f), "{name}: set");
+            let path = f.display();
+            match how {
+                "append" => assert!(as_nobody(&format!("echo x >> {path}")).0),
+                "truncate" => assert!(as_nobody(&format!("truncate -s 1 {path}")).0),
+                "root-append" => drop(sh(&format!("echo x >> {path}"))),
+                _ => unreachable!(),
+            }
+            assert!(!has_caps(&f), "{name} ({how}) with kernel cache {cache:?}: capabilities kept");
+            // A second write, after the kernel knows the file has none, keeps it so.
+            set_caps(&f, &caps);
+            sh(&format!("echo y >> {path}"));
+            assert!(!has_caps(&f), "{name}: capabilities set again survived a write, kernel cache {cache:?}");
         }
         // What the engine holds agrees with what the kernel showed.
         for (name, after) in [("suid", 0o777), ("lock", 0o2767), ("root", 0o6777)] {

@@ -129,9 +129,6 @@ struct Handle {
     file: pwfs::File,
     /// `WRITE_SYNC` / `WRITE_DATASYNC` from its O_SYNC / O_DSYNC.
     sync: u64,
-    /// The file's security.capability is gone (looked for at the first change through
-    /// this handle, as the kernel drops it at a change by a writer).
-    caps_dropped: AtomicBool,
 }
 
 /// A channel's shared mapping.
@@ -506,7 +503,7 @@ fn register(shared: &Shared, s: &Session, fd: &OwnedFd) -> Result<(u64, bool), i
     if handles.slots.len() - handles.free.len() >= MAX_HANDLES {
         return Err(libc::EMFILE);
     }
-    let h = handles.insert(Handle { file, sync, caps_dropped: AtomicBool::new(false) });
+    let h = handles.insert(Handle { file, sync });
     drop(handles);
     shared.registered.fetch_add(1, Ordering::Relaxed);
     Ok((h as u64, append && write))
@@ -595,9 +592,6 @@ fn stat_of(m: &Metadata) -> Stat {
     }
 }
 
-/// File capabilities (setcap(8)), which a change drops.
-const CAPS: &[u8] = b"security.capability";
-
 /// Before a change through `h`: a writer without CAP_FSETID clears the file's set-ID
 /// bits, and any writer its file capabilities, as the kernel does
 /// (`file_remove_privs`). Only for a handle open for writing (a read-only one gets
@@ -607,14 +601,7 @@ fn kill_privs(shared: &Shared, s: &Session, h: &Handle) -> Result<(), i32> {
         return Err(libc::EBADF);
     }
     let ino = h.file.ino();
-    let mut changed = !s.fsetid && shared.fs.remove_privs(ino).map_err(|e| e.errno())?;
-    if !h.caps_dropped.swap(true, Ordering::Relaxed) && shared.fs.getxattr(ino, CAPS).is_ok() {
-        match shared.fs.removexattr(ino, CAPS) {
-            Ok(()) => changed = true,
-            Err(e) if e.errno() == libc::ENODATA => {}
-            Err(e) => return Err(e.errno()),
-        }
-    }
+    let changed = shared.fs.kill_privs(ino, !s.fsetid).map_err(|e| e.errno())?;
     if changed {
         shared.changed(ino);
     }
@@ -708,7 +695,7 @@ mod tests {
         let f = fs.create("a").unwrap();
         let ino = f.ino();
         let mut slab = Slab::default();
-        let h = |file| Handle { file, sync: 0, caps_dropped: AtomicBool::new(false) };
+        let h = |file| Handle { file, sync: 0 };
         let a = slab.insert(h(f));
         let b = slab.insert(h(fs.open_ino_file(ino, true, false, false).unwrap()));
         assert_ne!(a, b);

@@ -300,6 +300,10 @@ pub struct InodeCell {
     /// nothing else is taken under it. (A sharded lock here, and for the table below,
     /// measured slower: a create or delete writes both several times.)
     pub names: Option<Box<RwLock<Option<DirIndex>>>>,
+    /// The file is known to hold no file capabilities (`perm::FILE_CAPS`): set by a
+    /// look that found none, cleared by a setxattr of that name, both under the
+    /// metadata lock; read without it by every write (`Fs::kill_privs`).
+    pub caps_absent: AtomicBool,
 }
 
 impl InodeCell {
@@ -317,6 +321,7 @@ impl InodeCell {
             pages_end: AtomicU64::new(0),
             opens: Default::default(),
             names,
+            caps_absent: AtomicBool::new(false),
         }
     }
 

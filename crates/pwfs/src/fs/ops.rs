@@ -866,6 +866,35 @@ impl Fs {
         Ok(true)
     }
 
+    /// What a write or truncate does first, as the kernel's `file_remove_privs`: a
+    /// caller without CAP_FSETID (`setid`) clears the set-ID bits (`remove_privs`),
+    /// and any caller drops the file's capabilities (`perm::FILE_CAPS`). Looking for
+    /// those costs a read of the attributes once; then one atomic load per call, until
+    /// a setxattr of that name. Returns whether it changed something.
+    pub fn kill_privs(&self, ino: u64, setid: bool) -> Result<bool> {
+        let mut changed = setid && self.remove_privs(ino)?;
+        let cell = self.inner.cell(ino)?;
+        if cell.kind != f::S_IFREG || cell.caps_absent.load(std::sync::atomic::Ordering::Acquire) {
+            return Ok(changed);
+        }
+        let has = {
+            let mut m = self.meta();
+            let has = m.xattrs(ino)?.iter().any(|(n, _)| n == perm::FILE_CAPS);
+            if !has {
+                cell.caps_absent.store(true, std::sync::atomic::Ordering::Release);
+            }
+            has
+        };
+        if has {
+            match self.removexattr(ino, perm::FILE_CAPS) {
+                Ok(()) => changed = true,
+                Err(e) if e.errno() == libc::ENODATA => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(changed)
+    }
+
     // ------------------------------------------------------------ extended attributes
 
     /// Names must carry a namespace Patchwork stores: user, trusted or security, or be
@@ -954,6 +983,9 @@ impl Fs {
         })?;
         self.inner.mutate(&mut m, |m| {
             m.set_xattrs(ino, entries)?;
+            if name == perm::FILE_CAPS {
+                m.cell(ino)?.caps_absent.store(false, std::sync::atomic::Ordering::Release);
+            }
             if let Some(mode) = mode {
                 m.update(ino, |n| {
                     n.d.mode = mode;

@@ -19,6 +19,9 @@ pub const S_IXGRP: u32 = 0o0010;
 /// The xattr names under which the access and the default ACL are kept.
 pub const ACL_ACCESS: &[u8] = b"system.posix_acl_access";
 pub const ACL_DEFAULT: &[u8] = b"system.posix_acl_default";
+/// File capabilities (setcap(8)): a write or truncate by anyone drops them, as the
+/// kernel's `file_remove_privs` does (`Fs::kill_privs`).
+pub const FILE_CAPS: &[u8] = b"security.capability";
 
 /// Who creates an inode, as far as its owner and mode depend on it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
