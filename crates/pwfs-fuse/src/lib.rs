@@ -29,7 +29,7 @@ use fuser::{
     ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use pwfs::format::Timespec;
-use pwfs::{Creator, Fs, Metadata, SetAttr, TimeSet};
+use pwfs::{Creator, Fs, Metadata, PrivChange, SetAttr, TimeSet};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::ffi::OsStringExt;
@@ -443,12 +443,12 @@ fn groups_and_fsetid(pid: u32) -> (Vec<u32>, bool) {
     (groups.unwrap_or_default(), caps & (1 << CAP_FSETID) != 0)
 }
 
-/// Whether process `pid` has CAP_FSETID (4) over this file system: in effect, and in
-/// this process's user namespace (`unshare -r`'s root has none here).
+/// Whether process `pid` has CAP_FSETID (4) as the kernel's `capable()` asks: in
+/// effect, and in the initial user namespace (`unshare -r`'s root has none).
 fn fsetid_here(pid: u32) -> bool {
     let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/user")).ok();
-    let same = matches!((ns(&pid.to_string()), ns("self")), (Some(a), Some(b)) if a == b);
-    same && has_cap(pid, 4)
+    let initial = matches!((ns(&pid.to_string()), ns("1")), (Some(a), Some(b)) if a == b);
+    initial && has_cap(pid, 4)
 }
 
 /// Whether process `pid` has capability number `cap` in effect (/proc/PID/status).
@@ -504,6 +504,17 @@ impl PwFuse {
             KernelCache::Off => FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES | noflush,
             KernelCache::WriteThrough | KernelCache::WriteBack => FopenFlags::FOPEN_KEEP_CACHE | noflush,
         }
+    }
+}
+
+impl PwFuse {
+    /// `Fs::kill_privs` for a change the kernel no longer clears privileges for itself
+    /// (FUSE_HANDLE_KILLPRIV_V2, with fuser passing on no FATTR_KILL_SUIDGID): whether
+    /// the caller lacks CAP_FSETID is read from /proc, only when the file has a set-ID
+    /// bit.
+    fn kill_privs(&self, req: &Request, ino: u64, change: PrivChange) -> pwfs::Result<bool> {
+        let setid = self.fs.getattr(ino)?.mode & (libc::S_ISUID | libc::S_ISGID) != 0 && !fsetid_here(req.pid());
+        self.fs.kill_privs(ino, setid, change)
     }
 }
 
@@ -612,15 +623,13 @@ impl Filesystem for PwFuse {
         // on: the caller's capability is read from /proc, only when such a bit is set)
         // and anyone's file capabilities; a change of owner drops the capabilities too
         // (the engine clears set-ID bits on it already).
-        if size.is_some() || uid.is_some() || gid.is_some() {
-            let setid = size.is_some()
-                && self.fs.getattr(ino.0).is_ok_and(|m| m.mode & (libc::S_ISUID | libc::S_ISGID) != 0)
-                && !fsetid_here(req.pid());
-            match self.fs.kill_privs(ino.0, setid) {
-                Ok(_) => {}
-                Err(e) if e.errno() == libc::ENOENT => {}
-                Err(e) => return reply.error(errno(e)),
-            }
+        let killed = match (size, uid.or(gid)) {
+            (Some(_), _) => self.kill_privs(req, ino.0, PrivChange::Attributes),
+            (None, Some(_)) => self.fs.kill_privs(ino.0, false, PrivChange::Attributes),
+            (None, None) => Ok(false),
+        };
+        if let Err(e) = killed {
+            return reply.error(errno(e));
         }
         match self.fs.setattr(ino.0, &set) {
             Ok(m) => reply.attr(&TTL, &attr(&m)),
@@ -767,7 +776,11 @@ impl Filesystem for PwFuse {
         // Set-ID bits (when the writer lacks CAP_FSETID, which the kernel says on
         // every write: FUSE_HANDLE_KILLPRIV_V2, and direct writes always) and file
         // capabilities go first (an atomic load when there is nothing to drop).
-        match self.fs.kill_privs(ino.0, write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID)) {
+        let change = match write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
+            true => PrivChange::CachedWrite,
+            false => PrivChange::Write,
+        };
+        match self.fs.kill_privs(ino.0, write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID), change) {
             // The kernel keeps the mode it had cached after a write: drop its
             // attributes (offset -1: not its pages, which this write may hold).
             Ok(true) => {
@@ -853,7 +866,7 @@ impl Filesystem for PwFuse {
     /// cached pages of a punched or zeroed range, and refreshes the size.
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -861,6 +874,10 @@ impl Filesystem for PwFuse {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        // The kernel's `file_modified` no longer clears privileges (V2): here.
+        if let Err(e) = self.kill_privs(req, ino.0, PrivChange::Write) {
+            return reply.error(errno(e));
+        }
         empty(reply, self.fs.fallocate(ino.0, mode as u32, offset, length))
     }
 
@@ -868,11 +885,11 @@ impl Filesystem for PwFuse {
     /// kernel copies through its page cache, and takes the end of the source from the
     /// size it caches, which a change through the LD_PRELOAD shim makes stale: a copy
     /// would stop at the old end.) The kernel has written back its dirty pages of both
-    /// ranges and cleared set-id bits of the destination before asking, and drops its
-    /// pages of the destination range and its size after the answer.
+    /// ranges before asking (privileges of the destination are cleared here: V2), and
+    /// drops its pages of the destination range and its size after the answer.
     fn copy_file_range(
         &self,
-        _req: &Request,
+        req: &Request,
         ino_in: INodeNo,
         _fh_in: FileHandle,
         offset_in: u64,
@@ -887,6 +904,9 @@ impl Filesystem for PwFuse {
         // allows, and the caller asks again.
         let len = len.min(u64::from(u32::MAX) & !(MAX_WRITE as u64 - 1));
         self.view.touch(ino_out.0);
+        if let Err(e) = self.kill_privs(req, ino_out.0, PrivChange::Write) {
+            return reply.error(errno(e));
+        }
         let mut buf = vec![0u8; len.min(MAX_WRITE as u64) as usize];
         let mut done = 0u64;
         while done < len {
@@ -1034,7 +1054,13 @@ impl Filesystem for PwFuse {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, self.fs.removexattr(ino.0, name.as_bytes()))
+        // The kernel refuses a caller's removexattr on an append-only file itself; one
+        // of file capabilities that reaches us there is its own, for a change
+        // (`cap_inode_killpriv`), which an append-only file allows.
+        match name.as_bytes() == b"security.capability" {
+            true => empty(reply, self.fs.drop_caps(ino.0)),
+            false => empty(reply, self.fs.removexattr(ino.0, name.as_bytes())),
+        }
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

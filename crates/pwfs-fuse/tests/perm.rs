@@ -72,8 +72,10 @@ fn unprivileged_writes_and_truncates_clear_set_id_bits_in_every_cache_mode() {
         let (dir, mounted) = mount_in(&fs, &format!("setid-{cache:?}"), &o);
         let p = |s: &str| dir.join(s);
         // (initial mode, how it is changed, mode after) — ext4's answers.
-        let cases: [(&str, u32, &str, u32); 7] = [
+        let cases: [(&str, u32, &str, u32); 9] = [
             ("suid", 0o4777, "append", 0o777),
+            ("falloc", 0o6777, "fallocate", 0o777),
+            ("copy", 0o6777, "copy_file_range", 0o777),
             ("sgid", 0o2777, "append", 0o777),
             // S_ISGID without group execute marks mandatory locking: kept.
             ("lock", 0o2767, "append", 0o2767),
@@ -94,6 +96,22 @@ fn unprivileged_writes_and_truncates_clear_set_id_bits_in_every_cache_mode() {
                     assert!(as_nobody(&format!("printf y | dd of={path} bs=1 seek=2 conv=notrunc 2>/dev/null")).0)
                 }
                 "truncate" => assert!(as_nobody(&format!("truncate -s 1 {path}")).0),
+                "fallocate" => {
+                    let r = as_nobody(&format!("fallocate -l 8192 {path}"));
+                    assert!(r.0, "fallocate: {}", r.1);
+                }
+                "copy_file_range" => {
+                    let src = p("copy-src");
+                    std::fs::write(&src, b"from").unwrap();
+                    chmod(&src, 0o644);
+                    let py = format!(
+                        "import os; a=os.open('{}', os.O_RDONLY); b=os.open('{path}', os.O_WRONLY); \
+                         assert os.copy_file_range(a, b, 4) == 4",
+                        src.display()
+                    );
+                    let r = as_nobody(&format!("python3 -c \"{py}\""));
+                    assert!(r.0, "copy_file_range: {}", r.1);
+                }
                 "root-append" => {
                     sh(&format!("echo x >> {path}"));
                 }
@@ -124,6 +142,23 @@ fn unprivileged_writes_and_truncates_clear_set_id_bits_in_every_cache_mode() {
             sh(&format!("echo y >> {path}"));
             assert!(!has_caps(&f), "{name}: capabilities set again survived a write, kernel cache {cache:?}");
         }
+        // An append-only file: an append drops its capabilities and succeeds, as on
+        // ext4; an immutable one keeps them (the write fails).
+        let f = p("cap-append-only");
+        std::fs::write(&f, b"data").unwrap();
+        set_caps(&f, &caps);
+        sh(&format!("chattr +a {}", f.display()));
+        sh(&format!("echo x >> {}", f.display()));
+        assert!(!has_caps(&f), "append-only, kernel cache {cache:?}: capabilities kept");
+        sh(&format!("chattr -a {}", f.display()));
+        let f = p("cap-immutable");
+        std::fs::write(&f, b"data").unwrap();
+        chmod(&f, 0o4777);
+        set_caps(&f, &caps);
+        sh(&format!("chattr +i {}", f.display()));
+        assert!(!as_nobody(&format!("echo x >> {}", f.display())).0);
+        assert!(has_caps(&f) && mode(&f) == 0o4777, "immutable, kernel cache {cache:?}: changed");
+        sh(&format!("chattr -i {}", f.display()));
         // What the engine holds agrees with what the kernel showed.
         for (name, after) in [("suid", 0o777), ("lock", 0o2767), ("root", 0o6777)] {
             let md = fs.metadata(format!("/{name}")).unwrap();

@@ -9,7 +9,7 @@
 
 use crate::proto::{self, Header, Kind, Msg, Op, Stat, CLOSED, DATA, DONE, HEADER, MAP_LEN, REQUEST};
 use parking_lot::{Mutex, RwLock};
-use pwfs::{Fs, Metadata};
+use pwfs::{Fs, Metadata, PrivChange};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
@@ -596,12 +596,12 @@ fn stat_of(m: &Metadata) -> Stat {
 /// bits, and any writer its file capabilities, as the kernel does
 /// (`file_remove_privs`). Only for a handle open for writing (a read-only one gets
 /// EBADF from the change itself, and must not strip anything first).
-fn kill_privs(shared: &Shared, s: &Session, h: &Handle) -> Result<(), i32> {
+fn kill_privs(shared: &Shared, s: &Session, h: &Handle, change: PrivChange) -> Result<(), i32> {
     if !h.file.is_writable() {
         return Err(libc::EBADF);
     }
     let ino = h.file.ino();
-    let changed = shared.fs.kill_privs(ino, !s.fsetid).map_err(|e| e.errno())?;
+    let changed = shared.fs.kill_privs(ino, !s.fsetid, change).map_err(|e| e.errno())?;
     if changed {
         shared.changed(ino);
     }
@@ -636,8 +636,11 @@ fn answer(shared: &Shared, s: &Session, ch: &Channel) -> Result<(i64, u64), i32>
             if len == 0 {
                 return Ok((0, a));
             }
-            kill_privs(shared, s, &handle)?;
+            kill_privs(shared, s, &handle, PrivChange::Write)?;
             let r = f.pwrite(ch.data(len), a);
+            // A setcap that landed while the data went in is dropped too (the kernel's
+            // inode lock orders the two; here the second look does).
+            let _ = fs.kill_privs(ino, false, PrivChange::Write);
             shared.changed(ino);
             let at = r.map_err(e)?;
             let sync = c | handle.sync;
@@ -655,13 +658,13 @@ fn answer(shared: &Shared, s: &Session, ch: &Channel) -> Result<(i64, u64), i32>
             if !f.is_writable() {
                 return Err(libc::EINVAL);
             }
-            kill_privs(shared, s, &handle)?;
+            kill_privs(shared, s, &handle, PrivChange::Attributes)?;
             let r = f.set_len(a);
             shared.changed(ino);
             r.map(|_| (0, 0)).map_err(e)
         }
         Op::Fallocate => {
-            kill_privs(shared, s, &handle)?;
+            kill_privs(shared, s, &handle, PrivChange::Write)?;
             let mode = u32::try_from(c).map_err(|_| libc::EINVAL)?;
             let r = f.allocate(mode, a, b);
             shared.changed(ino);

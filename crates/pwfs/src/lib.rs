@@ -43,8 +43,8 @@ pub use config::{Config, FetchPolicy, IoPath, LockMode, MountCheck, Stack};
 pub use error::{Error, ErrorKind, Result};
 pub use fs::api::TimeSet;
 pub use fs::{
-    mkfs, Creator, DirEntry, File, FileType, Fs, GoingDown, Metadata, MkfsOptions, MountReport, OpenOptions, SetAttr,
-    StatFs,
+    mkfs, Creator, DirEntry, File, FileType, Fs, GoingDown, Metadata, MkfsOptions, MountReport, OpenOptions,
+    PrivChange, SetAttr, StatFs,
 };
 
 use device::uring::{Lock, UringDevice, UringOptions};

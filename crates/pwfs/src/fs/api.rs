@@ -101,6 +101,18 @@ pub enum TimeSet {
     At(Timespec),
 }
 
+/// What kind of change `Fs::kill_privs` clears privileges for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrivChange {
+    /// A write, fallocate or copy into the file by a caller.
+    Write,
+    /// The write-back of pages the kernel cached (FUSE_WRITE_CACHE): set-ID bits and
+    /// capabilities were the caller's write's to clear.
+    CachedWrite,
+    /// A truncate or a change of owner.
+    Attributes,
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct SetAttr {
     pub mode: Option<u32>,

@@ -44,7 +44,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-pub use api::{DirEntry, File, FileType, Metadata, OpenOptions, SetAttr, StatFs};
+pub use api::{DirEntry, File, FileType, Metadata, OpenOptions, PrivChange, SetAttr, StatFs};
 pub use attrflags::{FS_APPEND_FL, FS_IMMUTABLE_FL, FS_NOATIME_FL};
 pub use mkfs::{mkfs, mkfs_with_progress, read_superblock, MkfsOptions};
 pub use perm::Creator;

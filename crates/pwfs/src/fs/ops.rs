@@ -3,7 +3,7 @@
 //! `default_permissions`; embedders are trusted); atime is not updated on read
 //! (noatime). See docs/DECISIONS.md.
 
-use super::api::{DirEntry, FileType, Metadata, SetAttr, StatFs, TimeSet};
+use super::api::{DirEntry, FileType, Metadata, PrivChange, SetAttr, StatFs, TimeSet};
 use super::attrflags::{deny_change, deny_immutable, deny_write};
 use super::inode::{Inode, InodeCell};
 use super::meta::{ftype_of, now, Meta, Place, TxSize};
@@ -866,15 +866,32 @@ impl Fs {
         Ok(true)
     }
 
-    /// What a write or truncate does first, as the kernel's `file_remove_privs`: a
-    /// caller without CAP_FSETID (`setid`) clears the set-ID bits (`remove_privs`),
-    /// and any caller drops the file's capabilities (`perm::FILE_CAPS`). Looking for
-    /// those costs a read of the attributes once; then one atomic load per call, until
-    /// a setxattr of that name. Returns whether it changed something.
-    pub fn kill_privs(&self, ino: u64, setid: bool) -> Result<bool> {
-        let mut changed = setid && self.remove_privs(ino)?;
+    /// What a change does first, as the kernel's `file_remove_privs`: a caller without
+    /// CAP_FSETID (`setid`) clears the set-ID bits (`remove_privs`), and any caller
+    /// drops the file's capabilities (`perm::FILE_CAPS`), except at the write-back of
+    /// pages the kernel cached (`PrivChange::CachedWrite`: their writer's change
+    /// dropped them already, and a setcap since must stay). Looking for capabilities
+    /// costs a read of the attributes once; then one atomic load per call, until a
+    /// setxattr of that name. Nothing is cleared where the change itself will fail (an
+    /// immutable file; an append-only one for `Attributes`); a write to an append-only
+    /// file drops capabilities all the same, as the kernel's `cap_inode_killpriv`
+    /// removes them without a setxattr's permission check. Returns whether it changed
+    /// something.
+    pub fn kill_privs(&self, ino: u64, setid: bool, change: PrivChange) -> Result<bool> {
         let cell = self.inner.cell(ino)?;
-        if cell.kind != f::S_IFREG || cell.caps_absent.load(std::sync::atomic::Ordering::Acquire) {
+        let caps = change != PrivChange::CachedWrite && !cell.caps_absent.load(std::sync::atomic::Ordering::Acquire);
+        if cell.kind != f::S_IFREG || !(setid || caps) {
+            return Ok(false);
+        }
+        let refused = match change {
+            PrivChange::Attributes => f::INODE_FLAG_IMMUTABLE | f::INODE_FLAG_APPEND,
+            _ => f::INODE_FLAG_IMMUTABLE,
+        };
+        if cell.lock().d.flags & refused != 0 {
+            return Ok(false);
+        }
+        let mut changed = setid && self.remove_privs(ino)?;
+        if !caps {
             return Ok(changed);
         }
         let has = {
@@ -886,7 +903,7 @@ impl Fs {
             has
         };
         if has {
-            match self.removexattr(ino, perm::FILE_CAPS) {
+            match self.drop_caps(ino) {
                 Ok(()) => changed = true,
                 Err(e) if e.errno() == libc::ENODATA => {}
                 Err(e) => return Err(e),
@@ -999,10 +1016,27 @@ impl Fs {
     }
 
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
+        self.remove_xattr(ino, name, true)
+    }
+
+    /// The removal of file capabilities a change makes (the kernel's
+    /// `cap_inode_killpriv`): as `removexattr` of `perm::FILE_CAPS`, but an
+    /// append-only file does not refuse it (an immutable one does; ENODATA when there
+    /// are none).
+    pub fn drop_caps(&self, ino: u64) -> Result<()> {
+        self.remove_xattr(ino, perm::FILE_CAPS, false)
+    }
+
+    /// removexattr(2), or (`checked` false) the removal a change makes of file
+    /// capabilities, which only an immutable file refuses.
+    fn remove_xattr(&self, ino: u64, name: &[u8], checked: bool) -> Result<()> {
         self.inner.check_writable()?;
         Self::check_xattr_name(name)?;
         let (mut m, entries) = self.inner.admitted(|m| {
-            deny_change(&*m.inode(ino)?)?;
+            match checked {
+                true => deny_change(&*m.inode(ino)?)?,
+                false => deny_immutable(&*m.inode(ino)?)?,
+            }
             let mut entries = m.xattrs(ino)?;
             let i = entries
                 .binary_search_by(|(n, _)| n.as_slice().cmp(name))
