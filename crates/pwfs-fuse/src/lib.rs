@@ -505,9 +505,7 @@ impl PwFuse {
             KernelCache::WriteThrough | KernelCache::WriteBack => FopenFlags::FOPEN_KEEP_CACHE | noflush,
         }
     }
-}
 
-impl PwFuse {
     /// `Fs::kill_privs` for a change the kernel no longer clears privileges for itself
     /// (FUSE_HANDLE_KILLPRIV_V2, with fuser passing on no FATTR_KILL_SUIDGID): whether
     /// the caller lacks CAP_FSETID is read from /proc, only when the file has a set-ID
