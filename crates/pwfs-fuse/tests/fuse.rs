@@ -18,6 +18,38 @@ fn errno<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
     r.expect_err("expected an error").raw_os_error().expect("an OS error")
 }
 
+/// The mount's backing device info: readahead raised in the cached modes, and in
+/// write-back mode the dirty-page limits FUSE sets for untrusted servers lifted.
+#[test]
+fn the_kernel_tuning_of_each_cache_mode() {
+    use pwfs_fuse::{KernelCache, MountOptions};
+    if !can_mount() {
+        return;
+    }
+    for cache in [KernelCache::Off, KernelCache::WriteThrough, KernelCache::WriteBack] {
+        let dev = Arc::new(MemDevice::new(32 << 20));
+        pwfs::mkfs(&*dev, &MkfsOptions::default()).unwrap();
+        let fs = Fs::mount(dev, Config { cache_bytes: 4 << 20, ..Default::default() }).unwrap();
+        let o = MountOptions { kernel_cache: cache, ..Default::default() };
+        let (dir, mounted) = mount_in(&fs, &format!("bdi-{cache:?}"), &o);
+        let d = std::fs::metadata(&dir).unwrap().dev();
+        let knob = |k: &str| {
+            let p = format!("/sys/class/bdi/{}:{}/{k}", libc::major(d), libc::minor(d));
+            std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p}: {e}")).trim().to_string()
+        };
+        let wb = cache == KernelCache::WriteBack;
+        let max_ratio = if wb { pwfs_fuse::WRITEBACK_MAX_RATIO.to_string() } else { "1".to_string() };
+        assert_eq!(knob("strict_limit"), if wb { "0" } else { "1" }, "{cache:?}");
+        assert_eq!(knob("max_ratio"), max_ratio, "{cache:?}");
+        if cache != KernelCache::Off {
+            assert_eq!(knob("read_ahead_kb"), "1024", "{cache:?}");
+        }
+        mounted.unmount().unwrap();
+        fs.unmount().unwrap();
+        let _ = std::fs::remove_dir(&dir);
+    }
+}
+
 #[test]
 fn posix_calls_through_the_kernel() {
     if !can_mount() {
