@@ -35,14 +35,17 @@ fn the_kernel_tuning_of_each_cache_mode() {
         let d = std::fs::metadata(&dir).unwrap().dev();
         let knob = |k: &str| {
             let p = format!("/sys/class/bdi/{}:{}/{k}", libc::major(d), libc::minor(d));
-            std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p}: {e}")).trim().to_string()
+            std::fs::read_to_string(&p).ok().map(|v| v.trim().to_string())
         };
         let wb = cache == KernelCache::WriteBack;
         let max_ratio = if wb { pwfs_fuse::WRITEBACK_MAX_RATIO.to_string() } else { "1".to_string() };
-        assert_eq!(knob("strict_limit"), if wb { "0" } else { "1" }, "{cache:?}");
-        assert_eq!(knob("max_ratio"), max_ratio, "{cache:?}");
+        assert_eq!(knob("max_ratio").as_deref(), Some(max_ratio.as_str()), "{cache:?}");
+        match knob("strict_limit") {
+            Some(v) => assert_eq!(v, if wb { "0" } else { "1" }, "{cache:?}"),
+            None => eprintln!("this kernel has no strict_limit knob (6.2+)"),
+        }
         if cache != KernelCache::Off {
-            assert_eq!(knob("read_ahead_kb"), "1024", "{cache:?}");
+            assert_eq!(knob("read_ahead_kb").as_deref(), Some("1024"), "{cache:?}");
         }
         mounted.unmount().unwrap();
         fs.unmount().unwrap();
