@@ -569,18 +569,8 @@ struct Programs {
 
 fn compile(scratch: &Path, capi: Option<&Path>) -> R<Programs> {
     std::fs::create_dir_all(scratch).map_err(err("scratch dir"))?;
-    let cc = |src: &str, code: &str, exe: &str, extra: &[std::ffi::OsString]| -> R<PathBuf> {
-        let (src, exe) = (scratch.join(src), scratch.join(exe));
-        std::fs::write(&src, code).map_err(err("write the C source"))?;
-        output(
-            command("cc", None)
-                .args(["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", "-o"])
-                .arg(&exe)
-                .arg(&src)
-                .args(extra),
-            &format!("cc {}", src.display()),
-        )?;
-        Ok(exe)
+    let cc = |src: &str, code: &str, exe: &str, extra: &[std::ffi::OsString]| {
+        crate::programs::compile_c(scratch, src, code, exe, extra)
     };
     let pread_lat = cc("pread_lat.c", PREAD_LAT_C, "pread_lat", &[])?;
     let capi_lat = match capi {

@@ -1141,15 +1141,7 @@ impl ShimRig {
         let scratch = dir.join("hitchhike-scratch");
         let _ = std::fs::remove_dir_all(&scratch);
         std::fs::create_dir_all(&scratch).map_err(err("scratch dir"))?;
-        let (src, exe) = (scratch.join("append_sync.c"), scratch.join("append_sync"));
-        std::fs::write(&src, APPEND_SYNC_C).map_err(err("write the C source"))?;
-        crate::programs::output(
-            crate::programs::command("cc", None)
-                .args(["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", "-o"])
-                .arg(&exe)
-                .arg(&src),
-            &format!("cc {}", src.display()),
-        )?;
+        let exe = crate::programs::compile_c(&scratch, "append_sync.c", APPEND_SYNC_C, "append_sync", &[])?;
         Ok(ShimRig { exe, preload, mnt: dir.join("hitchhike-mnt"), scratch })
     }
 

@@ -51,6 +51,27 @@ pub fn output(cmd: &mut Command, what: &str) -> R<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// The helpers the bench's C programs share (`apps/lat.h`).
+const LAT_H: &str = include_str!("apps/lat.h");
+
+/// Compile the C program `code` (its source written as `scratch/name`, with `lat.h`
+/// beside it) into `scratch/exe` with `cc`, warnings as errors; `extra` goes on the
+/// command line after the source (include paths, libraries).
+pub fn compile_c(scratch: &Path, name: &str, code: &str, exe: &str, extra: &[OsString]) -> R<PathBuf> {
+    let (src, exe) = (scratch.join(name), scratch.join(exe));
+    std::fs::write(scratch.join("lat.h"), LAT_H).map_err(err("write lat.h"))?;
+    std::fs::write(&src, code).map_err(err("write the C source"))?;
+    output(
+        command("cc", None)
+            .args(["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", "-o"])
+            .arg(&exe)
+            .arg(&src)
+            .args(extra),
+        &format!("cc {}", src.display()),
+    )?;
+    Ok(exe)
+}
+
 /// Write back every dirty page and drop the kernel's page, dentry and inode caches
 /// (root only).
 pub fn drop_caches() -> R<()> {

@@ -22,21 +22,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "lat.h"
+
 /* Untimed write+fsync pairs before the timed ones (as the bench's other columns). */
 #define WARM 4
-
-static uint64_t now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
-}
-
-static uint64_t xorshift(uint64_t *x) {
-    *x ^= *x << 13;
-    *x ^= *x >> 7;
-    *x ^= *x << 17;
-    return *x;
-}
 
 static void fill(unsigned char *buf, size_t n, uint64_t *rng) {
     for (size_t i = 0; i < n; i += 8) {
@@ -44,11 +33,6 @@ static void fill(unsigned char *buf, size_t n, uint64_t *rng) {
         size_t k = n - i < 8 ? n - i : 8;
         memcpy(buf + i, &v, k);
     }
-}
-
-static int cmp_u64(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return (x > y) - (x < y);
 }
 
 /* One record at the end of the file, then fsync. */
