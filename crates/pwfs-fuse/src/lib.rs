@@ -497,8 +497,9 @@ impl PwFuse {
         // its file (an untar, a compiler's output: one request fewer per file). Such a
         // handle's writes start on an empty file, with no old data to read; should a
         // later one still lose its page read, fsync reports it, as ext4 reports
-        // write-back errors. Other write handles keep the flush: close reports a
-        // non-blocking write lost after it returned.
+        // write-back errors. With direct I/O other write handles keep the flush: close
+        // reports a non-blocking write lost after it returned. (The cached modes send
+        // no flush at all: see `flush`.)
         let noflush = if read_only || created { FopenFlags::FOPEN_NOFLUSH } else { FopenFlags::empty() };
         match self.cache {
             KernelCache::Off => FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES | noflush,
@@ -751,12 +752,29 @@ impl Filesystem for PwFuse {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyData,
     ) {
-        let mut buf = vec![0u8; size as usize];
+        // One buffer per serving thread, grown (and zeroed) once: a fresh zeroed
+        // buffer per request cost a memset of every byte read (128 KiB for a
+        // readahead). Larger reads (up to 1 MiB, rare) get a buffer of their own, so
+        // that an idle daemon keeps at most KEPT_READ_BUF per thread.
+        const KEPT_READ_BUF: usize = 256 << 10;
+        thread_local! {
+            static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
         self.view.touch(ino.0);
-        match self.fs.read(ino.0, offset, &mut buf) {
+        let size = size as usize;
+        let serve = |buf: &mut [u8]| match self.fs.read(ino.0, offset, buf) {
             Ok(n) => reply.data(&buf[..n]),
             Err(e) => reply.error(errno(e)),
+        };
+        if size > KEPT_READ_BUF {
+            return serve(&mut vec![0u8; size]);
         }
+        BUF.with_borrow_mut(|buf| {
+            if buf.len() < size {
+                buf.resize(size, 0);
+            }
+            serve(&mut buf[..size])
+        })
     }
 
     fn write(
@@ -826,10 +844,22 @@ impl Filesystem for PwFuse {
         }
     }
 
-    /// Every close(2) of a handle: reports a write to this file that was lost after it
-    /// returned (non-blocking writes, whose page then could not be read). It costs one
-    /// round trip per close and waits for no I/O.
+    /// close(2) of a handle. With direct I/O (`Off`) it reports a write to this file
+    /// that was lost after it returned (a non-blocking write whose page then could not
+    /// be read); it waits for no I/O.
+    ///
+    /// In the cached modes it answers ENOSYS, once: the kernel then never sends a flush
+    /// again on this mount (`fc->no_flush`; it still writes back its own dirty pages at
+    /// close and reports their errors). Those modes open files without an open request
+    /// (`open`), so the kernel cannot be told per handle that a close needs no flush,
+    /// and every close(2) of any file — a read-only one too — was a round trip: half of
+    /// the requests of a webproxy-like loop. A lost non-blocking write is then reported
+    /// by the next fsync or fdatasync of the file, as ext4 reports a write-back error
+    /// (and ext4's close reports nothing). See docs/DECISIONS.md.
     fn flush(&self, req: &Request, ino: INodeNo, _fh: FileHandle, _lock_owner: fuser::LockOwner, reply: ReplyEmpty) {
+        if self.cache != KernelCache::Off {
+            return reply.error(Errno::ENOSYS);
+        }
         // This process's own closes (the shim's daemon side drops the descriptor a
         // client registered) report nothing: the report is the client's, at its close.
         if req.pid() == std::process::id() {
