@@ -305,3 +305,76 @@ fn fsck_reports_each_kind_of_damage() {
     let errs = errors(img);
     assert!(errs.iter().any(|e| e.contains(&format!("inode {ino}")) && e.contains("checksum")), "{errs:?}");
 }
+
+/// A damaged image mounted without the full check (the default for an image marked
+/// clean) and then used — reads, writes, creates, renames, deletes — never panics:
+/// each operation succeeds or fails with an errno, and unmount does one or the other.
+#[test]
+fn damaged_images_used_without_a_check_never_panic() {
+    // Two images: one unmounted cleanly, one shut down with committed transactions
+    // still in its journal (the next mount checks the image and replays them).
+    let good = populated_image();
+    let crashed = {
+        let dev = Arc::new(MemDevice::from_vec(good.clone()));
+        let fs = Fs::mount(dev.clone(), test_config()).unwrap();
+        for i in 0..10 {
+            fs.write_file(format!("/d/j{i}"), &vec![9u8; 3000]).unwrap();
+            fs.rename_path(format!("/d/f{i}"), format!("/d/g{i}")).unwrap();
+        }
+        fs.go_down(pwfs::GoingDown::LogFlush).unwrap();
+        drop(fs);
+        dev.snapshot()
+    };
+    let sb = pwfs::fs::read_superblock(&MemDevice::from_vec(good.clone())).unwrap().0;
+    let meta_end = (sb.data_start as usize + 64) * 4096;
+    let mut panics = Vec::new();
+    let (mut refused, mut clean, mut failed) = (0, 0, 0);
+    for seed in 0..400u64 {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let mut img = if seed % 2 == 0 { good.clone() } else { crashed.clone() };
+        for _ in 0..rng.gen_range(1..4) {
+            // Blocks in use: the bitmaps, the first inode table blocks, the first
+            // blocks of the data area (directory and extent blocks, file data).
+            let block = |b: u64| b as usize * 4096;
+            let at = match rng.gen_range(0..5) {
+                4 => rng.gen_range(block(sb.journal_start)..block(sb.journal_start + 16)),
+                0 => rng.gen_range(block(sb.inode_bitmap_start)..block(sb.inode_table_start)),
+                1 => rng.gen_range(block(sb.inode_table_start)..block(sb.inode_table_start + 4)),
+                2 => rng.gen_range(block(sb.data_start)..block(sb.data_start + 48)),
+                _ => rng.gen_range(4096..meta_end),
+            };
+            img[at] ^= rng.gen_range(1..=255u8);
+        }
+        let r = std::panic::catch_unwind(|| {
+            let dev = Arc::new(SimDevice::new(img.clone(), SimConfig::default()));
+            let Ok(fs) = Fs::mount(dev.clone(), test_config()) else { return 0 };
+            let mut errors = 0;
+            for e in fs.read_dir("/d").unwrap_or_default() {
+                let p = format!("/d/{}", String::from_utf8_lossy(&e.name));
+                let _ = fs.read_file(&p);
+                let _ = fs.metadata(&p);
+            }
+            for i in 0..12 {
+                let _ = fs.write_file(format!("/d/n{i}"), &vec![3u8; i * 900]);
+                let _ = fs.rename_path(format!("/d/f{i}"), format!("/d/r{i}"));
+                let _ = fs.remove_file(format!("/d/f{}", i + 20));
+                let _ = fs.create_dir(format!("/d/sub{i}"), 0o755);
+                if let Ok(m) = fs.metadata(format!("/d/f{}", i + 12)) {
+                    let _ = fs.setxattr(m.ino, b"user.k", b"v", false, false);
+                }
+            }
+            let _ = fs.remove_dir("/d/sub3");
+            errors += fs.sync().is_err() as u32;
+            errors += fs.unmount().is_err() as u32;
+            1 + errors
+        });
+        match r {
+            Err(_) => panics.push(seed),
+            Ok(0) => refused += 1,
+            Ok(1) => clean += 1,
+            Ok(_) => failed += 1,
+        }
+    }
+    eprintln!("refused {refused}, used cleanly {clean}, failed at sync or unmount {failed}");
+    assert!(panics.is_empty(), "panicked on seeds {panics:?}");
+}

@@ -332,6 +332,14 @@ impl InodeCell {
         Arc::new(InodeCell::new(0, 0, Inode { d: DiskInode { mode, ..Default::default() }, ..Default::default() }))
     }
 
+    /// Set the type and permissions of a blank cell nobody else holds yet (a
+    /// directory gets its name index).
+    pub fn set_mode(&mut self, mode: u32) {
+        self.kind = mode & f::S_IFMT;
+        self.names = (self.kind == f::S_IFDIR).then(|| Box::new(RwLock::new(None)));
+        self.state.get_mut().d.mode = mode;
+    }
+
     /// The state of a cell nobody else holds yet.
     pub fn state_mut(&mut self) -> &mut Inode {
         self.state.get_mut()

@@ -172,6 +172,9 @@ impl Fs {
         self.inner.check_writable()?;
         let is_dir = mode & f::S_IFMT == f::S_IFDIR;
         let long_target = target.is_some_and(|t| t.len() > f::INLINE_MAX);
+        // Made before the metadata lock (an allocation, and the file lock's per-CPU
+        // shards): its mode is set once the checks under the lock have settled it.
+        let mut cell = InodeCell::blank(0);
         let (mut m, (mode, gid, xattrs)) = self.inner.admitted(|m| {
             let (dir_mode, dir_gid, dir_nlink) = Self::check_new_name(m, parent, name)?;
             if is_dir && dir_nlink >= LINK_MAX {
@@ -187,7 +190,7 @@ impl Fs {
             let blocks = grow as u64 + extra;
             Ok((Need { tx: tx.plus(entry_cost(grow)), blocks, inode: true }, (mode, gid, xattrs)))
         })?;
-        let cell = InodeCell::blank(mode);
+        std::sync::Arc::get_mut(&mut cell).expect("a blank cell is not shared").set_mode(mode);
         let ino = self.inner.mutate(&mut m, |m| {
             let tx = m.tx.clone();
             let place = if is_dir { Place::NewGroup } else { Place::Near(parent) };
@@ -302,6 +305,7 @@ impl Fs {
     pub fn tmpfile(&self, parent: u64, mode: u32, who: &Creator, linkable: bool) -> Result<Metadata> {
         self.inner.check_writable()?;
         let mode = f::S_IFREG | (mode & 0o7777);
+        let mut cell = InodeCell::blank(0);
         let (mut m, (mode, gid, xattrs)) = self.inner.admitted(|m| {
             let (dir_mode, dir_gid, _) = Self::live_dir(m, parent)?;
             let (mode, gid, xattrs) = Self::new_mode(m, parent, dir_mode, dir_gid, mode, who)?;
@@ -310,7 +314,7 @@ impl Fs {
             let extra = Self::inherited_blocks(&xattrs)?;
             Ok((Need { tx: TxSize::new(2 + 2 * extra, 0), blocks: extra, inode: true }, (mode, gid, xattrs)))
         })?;
-        let cell = InodeCell::blank(mode);
+        std::sync::Arc::get_mut(&mut cell).expect("a blank cell is not shared").set_mode(mode);
         let ino = self.inner.mutate(&mut m, |m| {
             let tx = m.tx.clone();
             let ino = m.new_inode(cell, who.uid, gid, Place::Near(parent))?;
@@ -460,6 +464,8 @@ impl Fs {
             }
             Ok((Need::tx(tx), (ino, is_dir, false)))
         })?;
+        // A cell freed here is dropped (deallocated) after the metadata lock.
+        let mut freed_cell = None;
         let gone = self.inner.mutate(&mut m, |m| {
             m.dir_remove(parent, name)?;
             let t = now();
@@ -476,22 +482,31 @@ impl Fs {
                 // without waiting, under the metadata lock, or it is left to
                 // `free_now` (through `drop_link`). The open count is read under the
                 // inode's lock, as `open_cell` changes it: one of the two sees the other.
-                if let Some(_io) = cell.io.try_write() {
-                    let mut node = cell.lock();
-                    let last = is_dir || node.d.nlink == 1;
-                    let opens = cell.opens.load(std::sync::atomic::Ordering::Acquire);
-                    if last && opens == 0 && cell.pages_end() == 0 {
-                        node.d.nlink = 0;
-                        node.freed = true;
-                        drop(node);
-                        m.free_inode(ino)?;
-                        return Ok(None);
+                let freed = match cell.io.try_write() {
+                    Some(_io) => {
+                        let mut node = cell.lock();
+                        let last = is_dir || node.d.nlink == 1;
+                        let opens = cell.opens.load(std::sync::atomic::Ordering::Acquire);
+                        let now = last && opens == 0 && cell.pages_end() == 0;
+                        if now {
+                            node.d.nlink = 0;
+                            node.freed = true;
+                            drop(node);
+                            m.free_inode(ino)?;
+                        }
+                        now
                     }
+                    None => false,
                 };
+                if freed {
+                    freed_cell = Some(cell);
+                    return Ok(None);
+                }
             }
             Self::drop_link(m, ino, is_dir)
         })?;
         drop(m);
+        drop(freed_cell);
         if let Some(cell) = gone {
             self.inner.free_now(&cell)?;
         }
