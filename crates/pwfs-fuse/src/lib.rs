@@ -754,9 +754,11 @@ impl Filesystem for PwFuse {
     ) {
         // One buffer per serving thread, grown (and zeroed) once: a fresh zeroed
         // buffer per request cost a memset of every byte read (128 KiB for a
-        // readahead). Larger reads (up to 1 MiB, rare) get a buffer of their own, so
-        // that an idle daemon keeps at most KEPT_READ_BUF per thread.
-        const KEPT_READ_BUF: usize = 256 << 10;
+        // readahead, 1 MiB for a sequential stream with the readahead this mount
+        // sets). Kept up to the largest request the kernel sends (`MAX_WRITE`; 16
+        // MiB for 16 threads that all served one); anything larger, which the kernel
+        // does not send, gets a buffer of its own.
+        const KEPT_READ_BUF: usize = MAX_WRITE as usize;
         thread_local! {
             static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
         }
@@ -849,13 +851,14 @@ impl Filesystem for PwFuse {
     /// be read); it waits for no I/O.
     ///
     /// In the cached modes it answers ENOSYS, once: the kernel then never sends a flush
-    /// again on this mount (`fc->no_flush`; it still writes back its own dirty pages at
-    /// close and reports their errors). Those modes open files without an open request
-    /// (`open`), so the kernel cannot be told per handle that a close needs no flush,
-    /// and every close(2) of any file — a read-only one too — was a round trip: half of
+    /// again on this mount (`fc->no_flush`; since Linux 5.14 it still writes back its
+    /// own dirty pages at close and reports their errors first). Write-through opens
+    /// files without an open request (`open`), and write-back's kernel ignores
+    /// `FOPEN_NOFLUSH`, so neither can be told per handle that a close needs no flush:
+    /// every close(2) of any file — a read-only one too — was a round trip, half of
     /// the requests of a webproxy-like loop. A lost non-blocking write is then reported
     /// by the next fsync or fdatasync of the file, as ext4 reports a write-back error
-    /// (and ext4's close reports nothing). See docs/DECISIONS.md.
+    /// (and ext4's close reports nothing), and logged. See docs/DECISIONS.md.
     fn flush(&self, req: &Request, ino: INodeNo, _fh: FileHandle, _lock_owner: fuser::LockOwner, reply: ReplyEmpty) {
         if self.cache != KernelCache::Off {
             return reply.error(Errno::ENOSYS);

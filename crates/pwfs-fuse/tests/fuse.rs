@@ -232,8 +232,8 @@ fn a_lost_write_is_reported_once() {
                 assert_eq!(libc::fsync(fd), 0, "once");
                 assert_eq!(libc::close(fd), 0, "once");
             } else {
-                // Closes of other descriptors, and this one's, report nothing; the
-                // loss waits for the fsync.
+                // A close reports nothing (the first is answered ENOSYS and the
+                // kernel sends no more); the loss waits for the fsync.
                 let other = libc::open(path.as_ptr(), libc::O_RDWR);
                 assert!(other >= 0);
                 assert_eq!(libc::close(other), 0);

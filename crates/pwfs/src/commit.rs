@@ -73,8 +73,16 @@ impl FsInner {
                 g.freed = true;
             }
             m.to_free.remove(&ino);
-            m.free_inode(ino)
+            self.free_inode(m, ino)
         })
+    }
+
+    /// `Meta::free_inode`, and a loss recorded for the number (`fetch_errors`) goes
+    /// with it: the next inode of that number must not report it.
+    pub(crate) fn free_inode(&self, m: &mut Meta, ino: u64) -> Result<()> {
+        m.free_inode(ino)?;
+        self.fetch_errors.lock().remove(&ino);
+        Ok(())
     }
 
     /// Free the inodes that lost their last name and handle, as many as fit in the
@@ -141,7 +149,7 @@ impl FsInner {
                 }
                 g.freed = true;
             }
-            m.free_inode(ino)?;
+            self.free_inode(&mut m, ino)?;
         }
         self.meta.lock().to_free.extend(busy);
         Ok(false)

@@ -165,6 +165,12 @@ impl FsInner {
         if lost > 0 {
             self.settle_patches(lost);
             self.fetch_errors.lock().insert(ino);
+            tracing::error!(
+                ino,
+                page = page.key.1,
+                lost,
+                "bytes written earlier were lost: their page could not be read; the file's next fsync reports EIO"
+            );
         }
         self.cache.fail(page);
     }

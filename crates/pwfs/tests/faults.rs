@@ -327,6 +327,13 @@ fn damaged_images_used_without_a_check_never_panic() {
     };
     let sb = pwfs::fs::read_superblock(&MemDevice::from_vec(good.clone())).unwrap().0;
     let meta_end = (sb.data_start as usize + 64) * 4096;
+    // Panics of the engine's own threads (write-back, fetcher, readahead) count too.
+    static THREAD_PANICS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        THREAD_PANICS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        hook(info)
+    }));
     let mut panics = Vec::new();
     let (mut refused, mut clean, mut failed) = (0, 0, 0);
     for seed in 0..400u64 {
@@ -377,4 +384,5 @@ fn damaged_images_used_without_a_check_never_panic() {
     }
     eprintln!("refused {refused}, used cleanly {clean}, failed at sync or unmount {failed}");
     assert!(panics.is_empty(), "panicked on seeds {panics:?}");
+    assert_eq!(THREAD_PANICS.load(std::sync::atomic::Ordering::Relaxed), 0, "an engine thread panicked");
 }

@@ -492,7 +492,7 @@ impl Fs {
                             node.d.nlink = 0;
                             node.freed = true;
                             drop(node);
-                            m.free_inode(ino)?;
+                            self.inner.free_inode(m, ino)?;
                         }
                         now
                     }
