@@ -361,25 +361,48 @@ fn errno(e: pwfs::Error) -> Errno {
     Errno::from_i32(e.errno())
 }
 
+/// A stored time as the kernel gets it. Total: any `i64` second a user set (utimensat
+/// takes them all on a FUSE mount) converts without overflow; a platform whose
+/// `SystemTime` holds less gets the nearest time it holds.
 fn time(t: Timespec) -> SystemTime {
-    if t.sec >= 0 {
-        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
-    } else {
-        UNIX_EPOCH - Duration::new((-t.sec) as u64, 0) + Duration::from_nanos(t.nsec as u64)
-    }
+    let secs = Duration::from_secs(t.sec.unsigned_abs());
+    let whole = if t.sec >= 0 { UNIX_EPOCH.checked_add(secs) } else { UNIX_EPOCH.checked_sub(secs) };
+    let whole = whole.unwrap_or_else(|| if t.sec >= 0 { far(UNIX_EPOCH, true) } else { far(UNIX_EPOCH, false) });
+    let nsec = Duration::from_nanos(u64::from(t.nsec.min(999_999_999)));
+    whole.checked_add(nsec).unwrap_or(whole)
 }
 
+/// The latest (or earliest) time `SystemTime` holds from `from`, to within a second.
+fn far(from: SystemTime, later: bool) -> SystemTime {
+    let (mut t, mut step) = (from, Duration::from_secs(1 << 62));
+    while step >= Duration::from_secs(1) {
+        let next = if later { t.checked_add(step) } else { t.checked_sub(step) };
+        match next {
+            Some(n) => t = n,
+            None => step /= 2,
+        }
+    }
+    t
+}
+
+/// A time from a request, as the engine stores it (seconds and nanoseconds, the
+/// nanoseconds counted forward as a timespec's are). Saturates at the ends of `i64`.
 fn timespec(t: SystemTime) -> Timespec {
     match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => Timespec { sec: d.as_secs() as i64, nsec: d.subsec_nanos() },
+        Ok(d) => match i64::try_from(d.as_secs()) {
+            Ok(sec) => Timespec { sec, nsec: d.subsec_nanos() },
+            Err(_) => Timespec { sec: i64::MAX, nsec: 999_999_999 },
+        },
         Err(e) => {
             let d = e.duration();
-            let (mut sec, mut nsec) = (-(d.as_secs() as i64), d.subsec_nanos());
-            if nsec > 0 {
-                sec -= 1;
-                nsec = 1_000_000_000 - nsec;
+            let nsec = d.subsec_nanos();
+            // Seconds before the epoch, rounded up when there are nanoseconds: those
+            // then count forward from it.
+            let back = d.as_secs().saturating_add(u64::from(nsec > 0));
+            match 0i64.checked_sub_unsigned(back) {
+                Some(sec) => Timespec { sec, nsec: if nsec > 0 { 1_000_000_000 - nsec } else { 0 } },
+                None => Timespec { sec: i64::MIN, nsec: 0 },
             }
-            Timespec { sec, nsec }
         }
     }
 }
@@ -934,6 +957,11 @@ impl Filesystem for PwFuse {
         // The answer is a 32-bit count: a longer copy is answered short, as the kernel
         // allows, and the caller asks again.
         let len = len.min(u64::from(u32::MAX) & !(MAX_WRITE as u64 - 1));
+        // The kernel keeps both ranges within i64 (`generic_copy_file_checks`); past
+        // that the engine would answer EFBIG, and the sums below must not overflow.
+        if offset_in.checked_add(len).is_none() || offset_out.checked_add(len).is_none() {
+            return reply.error(Errno::EFBIG);
+        }
         self.view.touch(ino_out.0);
         if let Err(e) = self.kill_privs(req, ino_out.0, PrivChange::Write) {
             return reply.error(errno(e));
@@ -1633,5 +1661,29 @@ mod tests {
         assert_eq!((m.fs_type.as_str(), m.source.as_str(), m.read_only), ("fuse.pwfs", "/img x", true));
         assert!(parse_mountinfo("garbage").is_none());
         assert_eq!(unescape(r"a\04"), b"a\\04");
+    }
+
+    /// Every stored time converts to the kernel's form and back unchanged, the ends
+    /// of `i64` included (a user may set any of them with utimensat).
+    #[test]
+    fn times_convert_both_ways_at_every_range() {
+        let cases = [
+            (i64::MIN, 0),
+            (i64::MIN, 1),
+            (i64::MIN + 1, 999_999_999),
+            (-1, 500_000_000),
+            (-1, 0),
+            (0, 0),
+            (0, 1),
+            (1_700_000_000, 123_456_789),
+            (i64::MAX, 0),
+            (i64::MAX, 999_999_999),
+        ];
+        for (sec, nsec) in cases {
+            let t = Timespec { sec, nsec };
+            assert_eq!(timespec(time(t)), t, "{sec}.{nsec}");
+        }
+        let half_before = time(Timespec { sec: -1, nsec: 500_000_000 });
+        assert_eq!(UNIX_EPOCH.duration_since(half_before).unwrap(), Duration::from_millis(500));
     }
 }

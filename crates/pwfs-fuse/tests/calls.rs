@@ -418,3 +418,49 @@ fn deleted_files_are_freed_after_their_last_close() {
         assert!(r.is_clean() && r.notes.is_empty(), "{cache:?}: {:?} {:?}", r.errors, r.notes);
     }
 }
+
+/// Any time a file's owner sets with utimensat, to the ends of a 64-bit second, is
+/// kept and given back, and the serving thread lives on (fuser's conversion of
+/// `i64::MIN` seconds panicked it, leaving the caller hung): through every mode, and
+/// from the image after a remount.
+#[test]
+fn extreme_timestamps_are_kept_and_harm_nothing() {
+    if !can_mount() {
+        return;
+    }
+    // (At exactly the ends of its range the kernel keeps no nanoseconds.)
+    let cases: [(i64, i64); 6] = [
+        (i64::MIN, 0),
+        (i64::MIN + 1, 1),
+        (-1, 500_000_000),
+        (i64::MAX - 1, 999_999_999),
+        (i64::MAX, 0),
+        (1_700_000_000, 7),
+    ];
+    for cache in MODES {
+        let (dev, fs, dir, mounted) = fresh("times", cache);
+        let path = dir.join("f");
+        std::fs::write(&path, b"x").unwrap();
+        let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+        for (sec, nsec) in cases {
+            let ts = [libc::timespec { tv_sec: sec, tv_nsec: nsec }, libc::timespec { tv_sec: sec, tv_nsec: nsec }];
+            // SAFETY: a NUL-terminated path and two timespecs.
+            let r = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), 0) };
+            assert_eq!(r, 0, "{cache:?} {sec}.{nsec}: errno {}", last_errno());
+            let m = std::fs::metadata(&path).unwrap();
+            assert_eq!((m.mtime(), m.mtime_nsec()), (sec, nsec), "{cache:?} mtime");
+            assert_eq!((m.atime(), m.atime_nsec()), (sec, nsec), "{cache:?} atime");
+        }
+        // The last case stays; the engine has it too.
+        let m = fs.metadata("/f").unwrap();
+        assert_eq!((m.mtime.sec, m.mtime.nsec), (1_700_000_000, 7));
+        let ts = [libc::timespec { tv_sec: i64::MIN, tv_nsec: 0 }; 2];
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), 0) }, 0);
+        assert_eq!(std::fs::read(&path).unwrap(), b"x", "{cache:?}: still served");
+        finish(mounted, fs, &*dev, &dir, &format!("{cache:?}"));
+        let fs = Fs::mount(dev.clone(), Config::default()).unwrap();
+        assert_eq!(fs.metadata("/f").unwrap().mtime.sec, i64::MIN, "{cache:?}: from the image");
+        fs.unmount().unwrap();
+    }
+}

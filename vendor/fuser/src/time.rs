@@ -37,14 +37,30 @@ pub(crate) fn time_from_system_time(system_time: &SystemTime) -> (i64, u32) {
 /// Converts a tuple of (seconds, nanoseconds) since the Unix epoch to a `SystemTime`.
 ///
 /// This handles negative seconds (times before the Unix epoch).
+/// Patchwork: total for every `i64` second (the kernel passes on whatever time a
+/// user sets, `i64::MIN` included, which overflowed here and panicked), and the
+/// nanoseconds of a time before the epoch are added, as a timespec's always are
+/// (`{-1, 500_000_000}` is half a second before the epoch, not one and a half).
 pub(crate) fn system_time_from_time(secs: i64, nsecs: u32) -> SystemTime {
-    if secs >= 0 {
-        SystemTime::UNIX_EPOCH + Duration::new(secs as u64, nsecs)
+    let nsecs = Duration::from_nanos(u64::from(nsecs.min(999_999_999)));
+    let whole = if secs >= 0 {
+        UNIX_EPOCH.checked_add(Duration::from_secs(secs.unsigned_abs()))
     } else {
-        // TODO: overflow
-        // TODO: 1_000_000_000 - nsec
-        SystemTime::UNIX_EPOCH - Duration::new((-secs) as u64, nsecs)
-    }
+        UNIX_EPOCH.checked_sub(Duration::from_secs(secs.unsigned_abs()))
+    };
+    // A platform whose SystemTime holds less than i64 seconds: a time it holds, on
+    // the same side of the epoch.
+    let whole = whole.unwrap_or_else(|| {
+        let mut step = Duration::from_secs(secs.unsigned_abs());
+        loop {
+            step /= 2;
+            let t = if secs >= 0 { UNIX_EPOCH.checked_add(step) } else { UNIX_EPOCH.checked_sub(step) };
+            if let Some(t) = t {
+                return t;
+            }
+        }
+    });
+    whole.checked_add(nsecs).unwrap_or(whole)
 }
 
 #[cfg(test)]
