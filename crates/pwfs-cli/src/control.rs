@@ -120,13 +120,36 @@ pub fn set_read_only(mountpoint: &Path, read_only: bool) -> Result<(), String> {
     }
 }
 
+/// syncfs(2) of the mount: the kernel sends what its own cache holds dirty (write-back
+/// mode keeps written pages in the kernel) to the daemon first. The kernel sends no
+/// FUSE_SYNCFS to this server, so this alone makes nothing durable; the daemon's
+/// sync then does.
+fn kernel_sync(mountpoint: &Path) -> Result<(), String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY)
+        .open(mountpoint)
+        .map_err(|e| format!("sync of {}: {e}", mountpoint.display()))?;
+    // SAFETY: a plain call on a descriptor this function owns.
+    if unsafe { libc::syncfs(std::os::unix::io::AsRawFd::as_raw_fd(&dir)) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(format!("sync of {} failed: writing back the kernel's cache: {e}", mountpoint.display()));
+    }
+    Ok(())
+}
+
 /// `pwfs sync MOUNTPOINT`: returns once everything written to the mount is durable.
 pub fn sync(mountpoint: &Path) -> Result<(), String> {
     let sock = crate::mount::socket_file(mountpoint);
+    let gone = |e: std::io::Error| format!("{}: no pwfs mounted there ({}: {e})", mountpoint.display(), sock.display());
+    // Nobody serving it: said so, before the kernel is asked to write back into it.
+    match UnixStream::connect(&sock) {
+        Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::ConnectionRefused) => return Err(gone(e)),
+        _ => kernel_sync(mountpoint)?,
+    }
     let reply = ask(&sock, "sync").map_err(|e| match e.kind() {
-        ErrorKind::NotFound | ErrorKind::ConnectionRefused => {
-            format!("{}: no pwfs mounted there ({}: {e})", mountpoint.display(), sock.display())
-        }
+        ErrorKind::NotFound | ErrorKind::ConnectionRefused => gone(e),
         _ => format!("sync of {} failed: {}: {e}", mountpoint.display(), sock.display()),
     })?;
     sync_reply(mountpoint, &reply)
@@ -154,9 +177,10 @@ pub fn sync_all() -> Result<(), String> {
     let (mut tried, mut failed) = (0, 0);
     for sock in &socks {
         let mountpoint = crate::mount::mountpoint_of(sock);
-        let r = match ask(sock, "sync") {
-            Ok(reply) => sync_reply(&mountpoint, &reply),
-            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::ConnectionRefused) => {
+        // A socket whose process is gone is skipped before the kernel is asked to write
+        // back into a mount nobody serves.
+        if let Err(e) = UnixStream::connect(sock) {
+            if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::ConnectionRefused) {
                 eprintln!(
                     "pwfs: note: skipping {}: its serving process is gone ({}: {e})",
                     mountpoint.display(),
@@ -164,8 +188,11 @@ pub fn sync_all() -> Result<(), String> {
                 );
                 continue;
             }
+        }
+        let r = kernel_sync(&mountpoint).and_then(|()| match ask(sock, "sync") {
+            Ok(reply) => sync_reply(&mountpoint, &reply),
             Err(e) => Err(format!("sync of {} failed: {}: {e}", mountpoint.display(), sock.display())),
-        };
+        });
         tried += 1;
         if let Err(e) = r {
             eprintln!("pwfs: {e}");

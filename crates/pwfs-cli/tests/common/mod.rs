@@ -57,8 +57,14 @@ impl Drop for Daemon {
 }
 
 pub fn start(img: &Path, mp: &Path) -> Daemon {
+    start_with(img, mp, &[])
+}
+
+/// `start` with more options for `pwfs mount`.
+pub fn start_with(img: &Path, mp: &Path, extra: &[&str]) -> Daemon {
     let child = Command::new(PWFS)
         .args(["mount", img.to_str().unwrap(), mp.to_str().unwrap(), "--size", "128M", "--cache", "16M"])
+        .args(extra)
         .stdout(Stdio::null())
         .spawn()
         .unwrap();

@@ -1564,6 +1564,13 @@ impl Fs {
     fn truncate_admitted(&self, cell: &InodeCell, size: u64, old: u64) -> Result<()> {
         let ino = cell.ino;
         if size < old {
+            // No write-back between the drop, the zeroing and the change of the block
+            // map (as `clear_blocks`): else it could write the zeroed tail page in
+            // place into its old block, leaving the page clean with only a reservation
+            // once the block is unmapped below, never written to a new one — the
+            // tail's data gone after a later fsync — or place a dropped page past the
+            // new end.
+            let _c = self.inner.commit_lock.lock();
             let keep = size.div_ceil(BLOCK);
             let dropped = self.inner.cache.drop_from(ino, keep, cell.pages_end());
             self.inner.forget_pages(dropped);
@@ -1662,7 +1669,10 @@ impl Fs {
     }
 
     fn fsync_inner(&self, ino: u64, datasync: bool) -> Result<()> {
-        if !datasync {
+        // A directory's data is its entries, which live in the journal: fdatasync of
+        // one commits them, as fsync does (skipping the commit lost the names made in
+        // it, a new directory block included).
+        if !datasync || self.inner.cell(ino)?.kind == f::S_IFDIR {
             return self.inner.commit_shared(ino);
         }
         self.inner.check_alive()?;
