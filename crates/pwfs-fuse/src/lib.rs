@@ -363,11 +363,11 @@ fn errno(e: pwfs::Error) -> Errno {
 
 /// A stored time as the kernel gets it. Total: any `i64` second a user set (utimensat
 /// takes them all on a FUSE mount) converts without overflow; a platform whose
-/// `SystemTime` holds less gets the nearest time it holds.
+/// `SystemTime` holds less gets the farthest time it holds on that side.
 fn time(t: Timespec) -> SystemTime {
     let secs = Duration::from_secs(t.sec.unsigned_abs());
     let whole = if t.sec >= 0 { UNIX_EPOCH.checked_add(secs) } else { UNIX_EPOCH.checked_sub(secs) };
-    let whole = whole.unwrap_or_else(|| if t.sec >= 0 { far(UNIX_EPOCH, true) } else { far(UNIX_EPOCH, false) });
+    let whole = whole.unwrap_or_else(|| far(UNIX_EPOCH, t.sec >= 0));
     let nsec = Duration::from_nanos(u64::from(t.nsec.min(999_999_999)));
     whole.checked_add(nsec).unwrap_or(whole)
 }

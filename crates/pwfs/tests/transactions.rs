@@ -269,21 +269,36 @@ fn truncating_into_a_hole_allocates_nothing() {
     fsck_clean(&*dev);
 }
 
+/// A thread committing in a loop (`Fs::sync`) until stopped.
+struct Syncer(Arc<std::sync::atomic::AtomicBool>, std::thread::JoinHandle<()>);
+
+impl Syncer {
+    fn start(fs: &Fs) -> Syncer {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (fs, flag) = (fs.clone(), stop.clone());
+        Syncer(
+            stop,
+            std::thread::spawn(move || {
+                while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                    fs.sync().unwrap();
+                }
+            }),
+        )
+    }
+
+    fn stop(self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.1.join().unwrap();
+    }
+}
+
 /// Truncates of fragmented files (extent chains) race commits from another thread:
 /// the size and the unmapping are one change, so no commit logs a half-done truncate
 /// (it used to poison the file system, or leave freed blocks mapped).
 #[test]
 fn truncates_of_fragmented_files_race_commits() {
     let (dev, fs) = mem_fs(64 * MIB);
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let syncer = {
-        let (fs, stop) = (fs.clone(), stop.clone());
-        std::thread::spawn(move || {
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                fs.sync().unwrap();
-            }
-        })
-    };
+    let syncer = Syncer::start(&fs);
     for round in 0..6u64 {
         let (a, b) = (fs.create("/a").unwrap(), fs.create("/b").unwrap());
         // Interleaved pages: hundreds of extents each, chains of two blocks.
@@ -302,8 +317,7 @@ fn truncates_of_fragmented_files_race_commits() {
         fs.remove_file("/a").unwrap();
         fs.remove_file("/b").unwrap();
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    syncer.join().unwrap();
+    syncer.stop();
     assert_eq!(fs.poisoned(), None);
     fs.unmount().unwrap();
     fsck_clean(&*dev);
@@ -541,15 +555,7 @@ fn deletes_and_writes_in_a_loop_never_run_out_of_space() {
 #[test]
 fn a_truncate_racing_write_back_keeps_the_tail() {
     let (dev, fs) = mem_fs(64 * MIB);
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let syncer = {
-        let (fs, stop) = (fs.clone(), stop.clone());
-        std::thread::spawn(move || {
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                fs.sync().unwrap();
-            }
-        })
-    };
+    let syncer = Syncer::start(&fs);
     for round in 0..300u32 {
         let data: Vec<u8> = (0..3 * 4096u32).map(|k| (k / 7 + round) as u8).collect();
         let f = fs.create("/t").unwrap();
@@ -567,8 +573,7 @@ fn a_truncate_racing_write_back_keeps_the_tail() {
         drop(f);
         fs.remove_file("/t").unwrap();
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    syncer.join().unwrap();
+    syncer.stop();
     assert_eq!(fs.poisoned(), None);
     fs.unmount().unwrap();
     fsck_clean(&*dev);
