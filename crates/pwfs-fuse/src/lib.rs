@@ -253,10 +253,14 @@ impl PwFuse {
     fn entry(&self, reply: ReplyEntry, r: pwfs::Result<Metadata>) {
         match r {
             Ok(m) => {
-                self.remember(m.ino);
+                // Freed since its attributes were read (a FORGET racing a lookup by
+                // handle): not handed to the kernel, whose node ids must stay unique.
+                if !self.remember(m.ino) {
+                    return reply.error(Errno::ENOENT);
+                }
                 let before = self.missed();
                 let m = self.fresh(m);
-                reply.entry(&TTL, &attr(&m), Generation(m.generation as u64));
+                reply.entry(&TTL, &attr(&m), generation(&m));
                 self.recheck(m.ino, before);
             }
             Err(e) => reply.error(errno(e)),
@@ -295,32 +299,37 @@ impl PwFuse {
     fn created(&self, reply: ReplyCreate, made: pwfs::Result<Metadata>, flags: i32, uncount: bool) {
         match made {
             Ok(m) => {
-                self.remember(m.ino);
+                // The open counted for it holds the inode; without one (`uncount`
+                // false) a racing unlink may have freed it.
+                let held = self.remember(m.ino);
                 if uncount {
                     self.fs.release_ino(m.ino);
                 }
+                if !held {
+                    return reply.error(Errno::ENOENT);
+                }
                 let before = self.missed();
                 let m = self.fresh(m);
-                reply.created(
-                    &TTL,
-                    &attr(&m),
-                    Generation(m.generation as u64),
-                    FileHandle(0),
-                    self.open_flags(flags, true),
-                );
+                reply.created(&TTL, &attr(&m), generation(&m), FileHandle(0), self.open_flags(flags, true));
                 self.recheck(m.ino, before);
             }
             Err(e) => reply.error(errno(e)),
         }
     }
 
-    fn remember(&self, ino: u64) {
+    /// Count a new reference of the kernel's to `ino` (an entry about to be sent);
+    /// false, counting nothing, if the inode is gone: the entry must not be sent.
+    fn remember(&self, ino: u64) -> bool {
         let mut l = self.lookups.lock().expect("lookup table");
-        let n = l.entry(ino).or_insert(0);
-        if *n == 0 && self.fs.open_ino(ino).is_err() {
-            return;
+        if let Some(n) = l.get_mut(&ino) {
+            *n += 1;
+            return true;
         }
-        *n += 1;
+        if self.fs.open_ino(ino).is_err() {
+            return false;
+        }
+        l.insert(ino, 1);
+        true
     }
 
     /// After a shutdown: drop what the kernel caches (attributes, pages) of every inode
@@ -355,6 +364,12 @@ impl PwFuse {
             }
         }
     }
+}
+
+/// The generation an entry reply carries: the root's is 0, as the kernel expects of
+/// node 1 (it warns and forces 0 otherwise; mkfs gives the root generation 1 on disk).
+fn generation(m: &Metadata) -> Generation {
+    Generation(if m.ino == pwfs::format::ROOT_INO { 0 } else { m.generation as u64 })
 }
 
 fn errno(e: pwfs::Error) -> Errno {
@@ -1046,23 +1061,28 @@ impl Filesystem for PwFuse {
                     // directory was read is left out, and one whose number went to
                     // another file meanwhile is not given that file's attributes.
                     let Ok(md) = self.fs.lookup(ino.0, &e.name) else { continue };
-                    let md = self.fresh(md);
-                    handed.push(md.ino);
                     let dot = e.name == b"." || e.name == b"..";
+                    // Counted before it is handed over; one freed meanwhile is left
+                    // out, as one removed is.
+                    if !dot && !self.remember(md.ino) {
+                        continue;
+                    }
+                    let md = self.fresh(md);
                     let full = reply.add(
                         INodeNo(md.ino),
                         e.next,
                         OsStr::from_bytes(&e.name),
                         &TTL,
                         &attr(&md),
-                        Generation(md.generation as u64),
+                        generation(&md),
                     );
                     if full {
+                        if !dot {
+                            self.forget_n(md.ino, 1);
+                        }
                         break;
                     }
-                    if !dot {
-                        self.remember(md.ino);
-                    }
+                    handed.push(md.ino);
                 }
                 reply.ok();
                 for ino in handed {
@@ -1685,5 +1705,37 @@ mod tests {
         }
         let half_before = time(Timespec { sec: -1, nsec: 500_000_000 });
         assert_eq!(UNIX_EPOCH.duration_since(half_before).unwrap(), Duration::from_millis(500));
+    }
+
+    /// A reference to an inode freed since its attributes were read is refused and
+    /// counts nothing (a FORGET racing a lookup by handle); a counted one holds the
+    /// inode past its unlink until the kernel forgets it.
+    #[test]
+    fn the_kernels_references_are_counted_only_for_live_inodes() {
+        let dev = Arc::new(pwfs::device::mem::MemDevice::new(32 << 20));
+        pwfs::mkfs(&*dev, &pwfs::MkfsOptions::default()).unwrap();
+        let fs = Fs::mount(dev, pwfs::Config { cache_bytes: 4 << 20, ..Default::default() }).unwrap();
+        let notifier = Arc::new(OnceLock::new());
+        let pw = PwFuse {
+            fs: fs.clone(),
+            cache: KernelCache::WriteThrough,
+            lookups: Default::default(),
+            notifier: notifier.clone(),
+            view: Arc::new(KernelView::new(false, notifier)),
+        };
+        fs.write_file("/held", b"x").unwrap();
+        fs.write_file("/gone", b"y").unwrap();
+        let (held, gone) = (fs.metadata("/held").unwrap().ino, fs.metadata("/gone").unwrap().ino);
+        assert!(pw.remember(held));
+        fs.remove_file("/held").unwrap();
+        fs.remove_file("/gone").unwrap();
+        assert!(fs.getattr(held).is_ok(), "a counted reference holds the unlinked inode");
+        assert!(fs.getattr(gone).is_err(), "nothing held the other one");
+        assert!(!pw.remember(gone), "a freed inode is not handed out");
+        assert!(!pw.lookups.lock().unwrap().contains_key(&gone), "and leaves no count behind");
+        pw.forget_n(held, 1);
+        assert!(fs.getattr(held).is_err(), "freed once the kernel forgets it");
+        drop(pw);
+        fs.unmount().unwrap();
     }
 }
