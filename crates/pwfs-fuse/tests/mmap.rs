@@ -16,8 +16,11 @@ use pwfs::device::mem::MemDevice;
 use pwfs::{Config, FetchPolicy, Fs, MkfsOptions};
 use pwfs_fuse::KernelCache;
 use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 
@@ -185,6 +188,14 @@ fn pread_all(f: &File) -> Vec<u8> {
 }
 
 /// The race, ROUNDS times, on one mount; Err names what was wrong.
+///
+/// The engine and its FUSE server run in this process; the race runs in a child
+/// process (this test binary again, as [`client`]). A program faulting on a mapping of
+/// a FUSE file must not share its address space with the server that answers the
+/// fault: the faulting thread holds the mapping's lock while it waits for the server,
+/// and a server thread that grows its heap meanwhile waits for that lock (a hang seen
+/// in CI). Between rounds the child asks on its stdout for the engine's cache to be
+/// emptied (`@evict`) and waits for the answer on its stdin.
 fn stress(policy: FetchPolicy, cache: KernelCache) -> Result<(), String> {
     let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
     let ctx = format!("{policy:?}, kernel cache {cache:?} (seed {seed:#x})");
@@ -200,21 +211,138 @@ fn stress(policy: FetchPolicy, cache: KernelCache) -> Result<(), String> {
     let options = pwfs_fuse::MountOptions { allow_other: false, kernel_cache: cache, ..Default::default() };
     let (dir, mounted) = mount_in(&fs, &format!("mmap-{cache:?}-{policy:?}"), &options);
     let path = dir.join("f");
-    let mut want: Vec<u8> = (0..LEN).map(pattern).collect();
-    std::fs::write(&path, &want).unwrap();
-    let open_rw = || std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+    std::fs::write(&path, initial()).unwrap();
+    File::open(&path).unwrap().sync_all().unwrap();
+
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "client", "--nocapture", "--test-threads=1"])
+        .env(CLIENT_ENV, format!("{}\n{seed}", path.display()))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A hang (the engine's or the kernel's) fails the test instead of stalling CI.
+    let pid = child.id() as libc::pid_t;
+    let finished = Arc::new(AtomicBool::new(false));
+    let watchdog = {
+        let finished = finished.clone();
+        std::thread::spawn(move || {
+            let deadline = std::time::Instant::now() + CLIENT_LIMIT;
+            while !finished.load(Ordering::Acquire) {
+                if std::time::Instant::now() > deadline {
+                    // SAFETY: a signal to our own child, which has not been waited for.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    return true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            false
+        })
+    };
+    let mut answer = child.stdin.take().unwrap();
+    let mut failure = None;
+    let mut done = false;
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if line == "@evict" {
+            fs.evict_cache().unwrap();
+            answer.write_all(b"ok\n").unwrap();
+        } else if let Some(why) = line.strip_prefix("@fail ") {
+            failure = Some(why.to_string());
+        } else if line == "@done" {
+            done = true;
+        }
+    }
+    drop(answer);
+    let status = child.wait().unwrap();
+    finished.store(true, Ordering::Release);
+    let timed_out = watchdog.join().unwrap();
+    let mut result = match failure {
+        Some(why) => Err(format!("{ctx}, {why}")),
+        None if timed_out => Err(format!("{ctx}: the racing program still ran after {CLIENT_LIMIT:?}: killed")),
+        None if !status.success() || !done => Err(format!("{ctx}: the racing program failed: {status}")),
+        None => Ok(()),
+    };
+    let nbw = fs.nbw_stats();
+    eprintln!("{ctx}: {} patches, {} partial-write fetches", nbw.patches_created, nbw.partial_write_fetches);
+    // With the kernel's write-back cache, the kernel reads a page before a partial
+    // write to it: no write reaches the engine partial, so there is nothing to patch.
+    let partial_writes_reach_us = cache != KernelCache::WriteBack;
+    if result.is_ok() && policy != FetchPolicy::Blocking && partial_writes_reach_us && nbw.patches_created == 0 {
+        result = Err(format!("{ctx}: no pwrite took the non-blocking path; the test tests nothing"));
+    }
+    mounted.unmount().unwrap();
+    fs.unmount().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    result?;
+
+    // Durable: what a fresh mount of the device reads.
+    let fs = Fs::mount(dev.clone(), config()).unwrap();
+    let got = fs.read_file("/f").unwrap();
+    fs.unmount().unwrap();
+    compare(&got, &expected(ROUNDS), "after unmount and remount").map_err(|e| format!("{ctx}: {e}"))?;
+    let r = pwfs::fsck::check(&*dev).unwrap();
+    assert!(r.is_clean(), "{ctx}: fsck: {:?}", r.errors);
+    Ok(())
+}
+
+/// Where [`stress`] tells its child the file and the seed.
+const CLIENT_ENV: &str = "PWFS_MMAP_CLIENT";
+/// How long the racing program may take (a round takes milliseconds; 200 rounds under
+/// debug assertions on a loaded 2-core machine, well under a minute).
+const CLIENT_LIMIT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// What the file holds before the first round.
+fn initial() -> Vec<u8> {
+    (0..LEN).map(pattern).collect()
+}
+
+/// What the file holds after `rounds` rounds.
+fn expected(rounds: u64) -> Vec<u8> {
+    let mut want = initial();
+    if rounds > 0 {
+        for page in 0..PAGES {
+            want[page * PAGE..][..8].copy_from_slice(&stamp_a(rounds, page).to_le_bytes());
+            want[page * PAGE + B_AT..][..8].copy_from_slice(&stamp_b(rounds, page).to_le_bytes());
+        }
+    }
+    want
+}
+
+/// Ask the engine (the parent process) to empty its cache, and wait until it has.
+fn evict_engine_cache() {
+    // A line of its own: the test harness has printed "test client ... " before it.
+    println!("\n@evict");
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    assert_eq!(line, "ok\n", "the engine did not evict its cache");
+}
+
+/// The racing program [`stress`] runs: the rounds on the mounted file, then what a new
+/// mapping and pread read with both caches dropped. A failure is printed as `@fail`.
+#[test]
+#[ignore = "the program side of the race tests in this file, run by them"]
+fn client() {
+    let Ok(args) = std::env::var(CLIENT_ENV) else { return };
+    let (path, seed) = args.split_once('\n').unwrap();
+    match race(Path::new(path), seed.parse().unwrap()) {
+        Ok(()) => println!("\n@done"),
+        Err(why) => println!("\n@fail {why}"),
+    }
+}
+
+fn race(path: &Path, seed: u64) -> Result<(), String> {
+    let open_rw = || std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
     let file = open_rw();
-    file.sync_all().unwrap();
     // A mapping that lives through every round (its pages stay in the kernel's cache),
     // used in two rounds of three; the third maps the file afresh.
     let lasting = Map::new(&file, libc::PROT_READ | libc::PROT_WRITE);
     lasting.random_access();
 
     let mut rng = Rng(seed);
-    let mut result = Ok(());
     for round in 1..=ROUNDS {
         // Out of both caches: the pwrites find no page in the engine.
-        fs.evict_cache().unwrap();
+        evict_engine_cache();
         drop_kernel_cache(&file);
         // Odd rounds: both writers walk the pages in the same order, side by side; even
         // rounds: each in its own random order.
@@ -257,7 +385,7 @@ fn stress(policy: FetchPolicy, cache: KernelCache) -> Result<(), String> {
                 map.msync(0, LEN, libc::MS_SYNC);
             });
             let r = s.spawn(|| {
-                let f = File::open(&path).unwrap();
+                let f = File::open(path).unwrap();
                 let mut rng = Rng(seeds.0 ^ seeds.1 | 1);
                 let mut buf = vec![0u8; PAGE];
                 start.wait();
@@ -284,53 +412,24 @@ fn stress(policy: FetchPolicy, cache: KernelCache) -> Result<(), String> {
             }
             saw
         });
-        for page in 0..PAGES {
-            want[page * PAGE..][..8].copy_from_slice(&stamp_a(round, page).to_le_bytes());
-            want[page * PAGE + B_AT..][..8].copy_from_slice(&stamp_b(round, page).to_le_bytes());
-        }
+        let want = expected(round);
         file.sync_all().unwrap();
-        result = reader_saw
+        reader_saw
             .and_then(|_| compare(&pread_all(&file), &want, "pread after msync and fsync"))
             .and_then(|_| compare(&Map::new(&file, libc::PROT_READ).to_vec(), &want, "a new mapping"))
-            .map_err(|e| format!("{ctx}, round {round}: {e}"));
-        if result.is_err() {
-            break;
-        }
+            .map_err(|e| format!("round {round}: {e}"))?;
     }
     drop(lasting);
-    if result.is_ok() {
-        // What the engine holds, not the kernel's copy.
-        fs.evict_cache().unwrap();
-        drop_kernel_cache(&file);
-        result = compare(&Map::new(&file, libc::PROT_READ).to_vec(), &want, "a new mapping, both caches dropped")
-            .and_then(|_| {
-                drop_kernel_cache(&file);
-                compare(&pread_all(&file), &want, "pread, both caches dropped")
-            })
-            .map_err(|e| format!("{ctx}, after {ROUNDS} rounds: {e}"));
-    }
-    let nbw = fs.nbw_stats();
-    eprintln!("{ctx}: {} patches, {} partial-write fetches", nbw.patches_created, nbw.partial_write_fetches);
-    // With the kernel's write-back cache, the kernel reads a page before a partial
-    // write to it: no write reaches the engine partial, so there is nothing to patch.
-    let partial_writes_reach_us = cache != KernelCache::WriteBack;
-    if result.is_ok() && policy != FetchPolicy::Blocking && partial_writes_reach_us && nbw.patches_created == 0 {
-        result = Err(format!("{ctx}: no pwrite took the non-blocking path; the test tests nothing"));
-    }
-    drop(file);
-    mounted.unmount().unwrap();
-    fs.unmount().unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
-    result?;
-
-    // Durable: what a fresh mount of the device reads.
-    let fs = Fs::mount(dev.clone(), config()).unwrap();
-    let got = fs.read_file("/f").unwrap();
-    fs.unmount().unwrap();
-    compare(&got, &want, "after unmount and remount").map_err(|e| format!("{ctx}: {e}"))?;
-    let r = pwfs::fsck::check(&*dev).unwrap();
-    assert!(r.is_clean(), "{ctx}: fsck: {:?}", r.errors);
-    Ok(())
+    // What the engine holds, not the kernel's copy.
+    let want = expected(ROUNDS);
+    evict_engine_cache();
+    drop_kernel_cache(&file);
+    compare(&Map::new(&file, libc::PROT_READ).to_vec(), &want, "a new mapping, both caches dropped")
+        .and_then(|_| {
+            drop_kernel_cache(&file);
+            compare(&pread_all(&file), &want, "pread, both caches dropped")
+        })
+        .map_err(|e| format!("after {ROUNDS} rounds: {e}"))
 }
 
 /// Every policy on a mount in `cache` mode; all failures reported together.
