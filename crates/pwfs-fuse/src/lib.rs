@@ -481,12 +481,26 @@ fn groups_and_fsetid(pid: u32) -> (Vec<u32>, bool) {
     (groups.unwrap_or_default(), caps & (1 << CAP_FSETID) != 0)
 }
 
-/// Whether process `pid` has CAP_FSETID (4) as the kernel's `capable()` asks: in
-/// effect, and in the initial user namespace (`unshare -r`'s root has none).
+/// Whether `req`'s caller is in group `gid` (its own, or a supplementary one from
+/// /proc; none when that cannot be read).
+fn member(req: &Request, gid: u32) -> bool {
+    req.gid() == gid || groups_and_fsetid(req.pid()).0.contains(&gid)
+}
+
+/// Whether process `pid` has CAP_FSETID (4) as the kernel's `capable()` asks.
 fn fsetid_here(pid: u32) -> bool {
+    capable_here(pid, 4)
+}
+
+/// Whether process `pid` has capability `cap` as the kernel's `capable()` asks: in
+/// effect, and in the user namespace of this daemon (`unshare -r`'s root has none
+/// over a daemon started outside it). Compared with our own namespace, not init's:
+/// /proc/1/ns may not be readable (EACCES where PID 1 is not dumpable), and a daemon
+/// runs in the initial namespace unless it was started in another one.
+fn capable_here(pid: u32, cap: u32) -> bool {
     let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/user")).ok();
-    let initial = matches!((ns(&pid.to_string()), ns("1")), (Some(a), Some(b)) if a == b);
-    initial && has_cap(pid, 4)
+    let same = matches!((ns(&pid.to_string()), ns("self")), (Some(a), Some(b)) if a == b);
+    same && has_cap(pid, cap)
 }
 
 /// Whether process `pid` has capability number `cap` in effect (/proc/PID/status).
@@ -551,7 +565,15 @@ impl PwFuse {
     /// bit.
     fn kill_privs(&self, req: &Request, ino: u64, change: PrivChange) -> pwfs::Result<bool> {
         let setid = self.fs.getattr(ino)?.mode & (libc::S_ISUID | libc::S_ISGID) != 0 && !fsetid_here(req.pid());
-        self.fs.kill_privs(ino, setid, change)
+        let in_group = |gid| member(req, gid);
+        self.fs.kill_privs(ino, setid.then_some(&in_group as &dyn Fn(u32) -> bool), change)
+    }
+
+    /// Whether a chown(2) by `req`'s caller of `ino` (of `m`) clears an S_ISGID that
+    /// has no group execute: it is neither in the file's group nor holds CAP_FSETID
+    /// (`perm::setid_to_clear`); /proc is read for such a file only.
+    fn chown_outsider(&self, req: &Request, m: &pwfs::Metadata) -> bool {
+        pwfs::fs::perm::sgid_asks_group(m.mode) && !fsetid_here(req.pid()) && !member(req, m.gid)
     }
 }
 
@@ -643,6 +665,19 @@ impl Filesystem for PwFuse {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        // chown(2) to no new owner or group (-1, -1) comes as a request that changes
+        // nothing but, with the kernel's write-back cache, ctime (the kernel leaves the
+        // set-ID bits to us): it clears set-ID bits and capabilities and sets ctime, as
+        // any chown.
+        let same_owner = (mode, uid, gid, size) == (None, None, None, None) && atime.is_none() && mtime.is_none();
+        let chown = uid.is_some() || gid.is_some() || same_owner;
+        let outsider = match chown {
+            true => match self.fs.getattr(ino.0) {
+                Ok(m) => self.chown_outsider(req, &m),
+                Err(e) => return reply.error(errno(e)),
+            },
+            false => false,
+        };
         let set = SetAttr {
             mode,
             uid,
@@ -651,8 +686,8 @@ impl Filesystem for PwFuse {
             atime: atime.map(time_set),
             mtime: mtime.map(time_set),
             ctime: ctime.map(timespec),
-            // Cleared below (FUSE_HANDLE_KILLPRIV_V2).
-            kill_setid: false,
+            kill_setid: same_owner,
+            outsider,
         };
         self.view.touch(ino.0);
         // FUSE_HANDLE_KILLPRIV_V2: a truncate clears the set-ID bits of a caller
@@ -660,10 +695,10 @@ impl Filesystem for PwFuse {
         // on: the caller's capability is read from /proc, only when such a bit is set)
         // and anyone's file capabilities; a change of owner drops the capabilities too
         // (the engine clears set-ID bits on it already).
-        let killed = match (size, uid.or(gid)) {
+        let killed = match (size, chown) {
             (Some(_), _) => self.kill_privs(req, ino.0, PrivChange::Attributes),
-            (None, Some(_)) => self.fs.kill_privs(ino.0, false, PrivChange::Attributes),
-            (None, None) => Ok(false),
+            (None, true) => self.fs.kill_privs(ino.0, None, PrivChange::Attributes),
+            (None, false) => Ok(false),
         };
         if let Err(e) = killed {
             return reply.error(errno(e));
@@ -819,7 +854,7 @@ impl Filesystem for PwFuse {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -836,7 +871,9 @@ impl Filesystem for PwFuse {
             true => PrivChange::CachedWrite,
             false => PrivChange::Write,
         };
-        match self.fs.kill_privs(ino.0, write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID), change) {
+        let in_group = |gid| member(req, gid);
+        let setid = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        match self.fs.kill_privs(ino.0, setid.then_some(&in_group as &dyn Fn(u32) -> bool), change) {
             // The kernel keeps the mode it had cached after a write: drop its
             // attributes (offset -1: not its pages, which this write may hold).
             Ok(true) => {
@@ -1118,9 +1155,15 @@ impl Filesystem for PwFuse {
         }
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         match self.fs.listxattr(ino.0) {
-            Ok(names) => {
+            Ok(mut names) => {
+                // trusted.* names are listed to CAP_SYS_ADMIN only, as ext4 lists them
+                // (the kernel leaves the list to the file system).
+                const CAP_SYS_ADMIN: u32 = 21;
+                if names.iter().any(|n| n.starts_with(b"trusted.")) && !capable_here(req.pid(), CAP_SYS_ADMIN) {
+                    names.retain(|n| !n.starts_with(b"trusted."));
+                }
                 let mut list = Vec::new();
                 for n in names {
                     list.extend_from_slice(&n);

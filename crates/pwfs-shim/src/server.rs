@@ -86,6 +86,9 @@ struct Session {
     sock: OwnedFd,
     /// The client may keep set-ID bits when it writes (CAP_FSETID).
     fsetid: bool,
+    /// The client's groups (its own and supplementary, when it connected): whether a
+    /// write of its clears an S_ISGID that has no group execute.
+    groups: Vec<u32>,
     handles: RwLock<Slab>,
     channels: Mutex<Vec<Arc<Channel>>>,
     dead: AtomicBool,
@@ -374,6 +377,16 @@ fn has_fsetid(pid: i32) -> bool {
         .is_some_and(|caps| caps & (1 << CAP_FSETID) != 0)
 }
 
+/// The file-system group and the supplementary groups of process `pid` (none when
+/// /proc cannot tell).
+fn groups_of(pid: i32) -> Vec<u32> {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return Vec::new() };
+    let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).unwrap_or("");
+    // Gid: real, effective, saved, file system.
+    let fsgid = field("Gid:").split_whitespace().nth(3).and_then(|g| g.parse().ok());
+    fsgid.into_iter().chain(field("Groups:").split_whitespace().filter_map(|g| g.parse().ok())).collect()
+}
+
 fn peer_pid(sock: &OwnedFd) -> Option<i32> {
     let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
@@ -398,10 +411,13 @@ fn same_userns(pid: i32) -> bool {
 }
 
 fn session(shared: Arc<Shared>, sock: OwnedFd) {
-    let fsetid = peer_pid(&sock).is_some_and(|pid| same_userns(pid) && has_fsetid(pid));
+    let pid = peer_pid(&sock);
+    let fsetid = pid.is_some_and(|pid| same_userns(pid) && has_fsetid(pid));
+    let groups = pid.map(groups_of).unwrap_or_default();
     let s = Arc::new(Session {
         sock,
         fsetid,
+        groups,
         handles: RwLock::new(Slab::default()),
         channels: Mutex::new(Vec::new()),
         dead: AtomicBool::new(false),
@@ -601,7 +617,9 @@ fn kill_privs(shared: &Shared, s: &Session, h: &Handle, change: PrivChange) -> R
         return Err(libc::EBADF);
     }
     let ino = h.file.ino();
-    let changed = shared.fs.kill_privs(ino, !s.fsetid, change).map_err(|e| e.errno())?;
+    let in_group = |gid| s.groups.contains(&gid);
+    let setid = (!s.fsetid).then_some(&in_group as &dyn Fn(u32) -> bool);
+    let changed = shared.fs.kill_privs(ino, setid, change).map_err(|e| e.errno())?;
     if changed {
         shared.changed(ino);
     }
@@ -640,7 +658,7 @@ fn answer(shared: &Shared, s: &Session, ch: &Channel) -> Result<(i64, u64), i32>
             let r = f.pwrite(ch.data(len), a);
             // A setcap that landed while the data went in is dropped too (the kernel's
             // inode lock orders the two; here the second look does).
-            let _ = fs.kill_privs(ino, false, PrivChange::Write);
+            let _ = fs.kill_privs(ino, None, PrivChange::Write);
             shared.changed(ino);
             let at = r.map_err(e)?;
             let sync = c | handle.sync;

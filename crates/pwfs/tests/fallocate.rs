@@ -285,6 +285,40 @@ fn fallocate_errors_are_linux_errors() {
     fs.unmount().unwrap();
 }
 
+/// A punch as ext4 makes it: nothing at or past the end of the file; one running past
+/// it stops at the end's block, so blocks preallocated beyond it stay; a punch and a
+/// zeroing change the modification time as well as the change time.
+#[test]
+fn punches_stop_at_the_end_of_the_file_and_change_both_times() {
+    let (dev, fs) = mem_fs(16 * MIB);
+    let f = open_rw(&fs, "/f");
+    f.write_at(&[1u8; 5000], 0).unwrap();
+    f.allocate(KEEP, 0, 16 * B).unwrap();
+    let before = fs.metadata("/f").unwrap();
+    assert_eq!(before.blocks, 16 * 8, "16 blocks, in 512-byte units");
+    let pause = || std::thread::sleep(std::time::Duration::from_millis(5));
+    pause();
+    f.allocate(PUNCH | KEEP, 8 * B, 4 * B).unwrap();
+    let after = fs.metadata("/f").unwrap();
+    assert_eq!((after.blocks, after.mtime, after.ctime), (before.blocks, before.mtime, before.ctime), "past the end");
+    f.allocate(PUNCH | KEEP, B, 15 * B).unwrap();
+    let after = fs.metadata("/f").unwrap();
+    assert_eq!(after.blocks, 15 * 8, "only the block holding the end went; the preallocated ones stay");
+    let t = |t: pwfs::format::Timespec| (t.sec, t.nsec);
+    assert!(t(after.mtime) > t(before.mtime) && t(after.ctime) > t(before.ctime), "a punch changes both times");
+    let mut want = vec![1u8; 5000];
+    want[B as usize..].fill(0);
+    assert_eq!(fs.read_file("/f").unwrap(), want);
+    pause();
+    f.allocate(ZERO | KEEP, 100, 10).unwrap();
+    let zeroed = fs.metadata("/f").unwrap();
+    assert!(t(zeroed.mtime) > t(after.mtime) && t(zeroed.ctime) > t(after.ctime), "a zeroing changes both times");
+    want[100..110].fill(0);
+    assert_eq!(fs.read_file("/f").unwrap(), want);
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}
+
 /// Blocks freed by one file and preallocated by another read as zeros at every
 /// point a power cut could leave, and fsync'd writes into them survive.
 #[test]

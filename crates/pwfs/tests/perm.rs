@@ -37,13 +37,34 @@ fn writes_and_truncates_of_the_unprivileged_clear_set_id_bits() {
     let root = Creator::new(0, 0);
     let f = fs.mknod(1, b"f", S_IFREG | 0o6777, 0, &root).unwrap().ino;
     assert_eq!(mode(&fs, f), 0o6777);
-    assert!(fs.remove_privs(f).unwrap(), "S_ISUID, and S_ISGID with group execute");
+    assert!(fs.remove_privs(f, &|_| true).unwrap(), "S_ISUID, and S_ISGID with group execute");
     assert_eq!(mode(&fs, f), 0o777);
-    assert!(!fs.remove_privs(f).unwrap(), "nothing left to clear");
-    // S_ISGID without group execute marks mandatory locking: it stays.
+    assert!(!fs.remove_privs(f, &|_| true).unwrap(), "nothing left to clear");
+    // S_ISGID without group execute marks mandatory locking: it stays for a writer in
+    // the file's group, and goes for anyone else (Linux 6.2+).
+    fs.setattr(f, &SetAttr { mode: Some(0o6745), gid: Some(5), ..Default::default() }).unwrap();
+    assert_eq!(mode(&fs, f), 0o6745);
+    let asked = std::cell::Cell::new(None);
+    fs.remove_privs(f, &|g| {
+        asked.set(Some(g));
+        true
+    })
+    .unwrap();
+    assert_eq!((mode(&fs, f), asked.get()), (0o2745, Some(5)), "a member keeps S_ISGID; the file's group asked");
+    assert!(fs.remove_privs(f, &|_| false).unwrap());
+    assert_eq!(mode(&fs, f), 0o745, "an outsider clears it");
+    // So does a chown by an outsider; a chown to the same owner (ctime alone, as the
+    // kernel sends chown(f, -1, -1)) clears S_ISUID and sets ctime.
     fs.setattr(f, &SetAttr { mode: Some(0o6745), ..Default::default() }).unwrap();
-    fs.remove_privs(f).unwrap();
-    assert_eq!(mode(&fs, f), 0o2745);
+    fs.setattr(f, &SetAttr { gid: Some(5), ..Default::default() }).unwrap();
+    assert_eq!(mode(&fs, f), 0o2745, "a chown by a member (or root) keeps it");
+    fs.setattr(f, &SetAttr { gid: Some(6), outsider: true, ..Default::default() }).unwrap();
+    assert_eq!(mode(&fs, f), 0o745);
+    fs.setattr(f, &SetAttr { mode: Some(0o4745), ..Default::default() }).unwrap();
+    let before = fs.getattr(f).unwrap().ctime;
+    let at = pwfs::format::Timespec { sec: before.sec + 100, nsec: 0 };
+    fs.setattr(f, &SetAttr { ctime: Some(at), kill_setid: true, ..Default::default() }).unwrap();
+    assert_eq!((mode(&fs, f), fs.getattr(f).unwrap().ctime), (0o745, at));
     // A truncate by the unprivileged.
     fs.setattr(f, &SetAttr { mode: Some(0o4755), ..Default::default() }).unwrap();
     fs.setattr(f, &SetAttr { size: Some(0), kill_setid: true, ..Default::default() }).unwrap();
@@ -58,7 +79,7 @@ fn writes_and_truncates_of_the_unprivileged_clear_set_id_bits() {
     let d = fs.mkdir(1, b"d", 0o6755, &root).unwrap().ino;
     fs.setattr(d, &SetAttr { gid: Some(7), ..Default::default() }).unwrap();
     assert_eq!(mode(&fs, d), 0o6755);
-    assert!(!fs.remove_privs(d).unwrap());
+    assert!(!fs.remove_privs(d, &|_| true).unwrap());
     fs.unmount().unwrap();
     fsck_clean(&*dev);
     let fs = pwfs::Fs::mount(dev.clone(), test_config()).unwrap();

@@ -72,6 +72,12 @@ fn directories_and_errnos() {
     assert_eq!(errno(fs.remove_dir("/d/f")), libc::ENOTDIR);
     assert_eq!(errno(fs.remove_file("/d")), libc::EISDIR);
     assert_eq!(errno(fs.remove_dir("/d/.")), libc::EINVAL);
+    // As Linux: unlink of "." or ".." is EISDIR, mknod of a directory EPERM.
+    let d = fs.metadata("/d").unwrap().ino;
+    assert_eq!(errno(fs.unlink(d, b".")), libc::EISDIR);
+    assert_eq!(errno(fs.unlink(d, b"..")), libc::EISDIR);
+    assert_eq!(errno(fs.mknod(d, b"m", 0o040755, 0, &pwfs::Creator::new(0, 0))), libc::EPERM);
+    assert_eq!(errno(fs.mknod(d, b"m", 0o120777, 0, &pwfs::Creator::new(0, 0))), libc::EINVAL);
     assert_eq!(errno(fs.create_dir("/d/f/g", 0o755)), libc::ENOTDIR);
     let long = "n".repeat(256);
     assert_eq!(errno(fs.create(format!("/{long}"))), libc::ENAMETOOLONG);
@@ -245,7 +251,9 @@ fn extended_attributes() {
     assert_eq!(errno(fs.setxattr(ino, b"user.a", b"2", true, false)), libc::EEXIST);
     assert_eq!(errno(fs.setxattr(ino, b"user.q", b"2", false, true)), libc::ENODATA);
     assert_eq!(errno(fs.setxattr(ino, b"other.a", b"2", false, false)), libc::EOPNOTSUPP);
-    assert_eq!(errno(fs.setxattr(ino, b"user.", b"2", false, false)), libc::EOPNOTSUPP);
+    // A namespace with nothing after it: EINVAL, as ext4 (the kernel's xattr_resolve_name).
+    assert_eq!(errno(fs.setxattr(ino, b"user.", b"2", false, false)), libc::EINVAL);
+    assert_eq!(errno(fs.getxattr(ino, b"trusted.")), libc::EINVAL);
     assert_eq!(errno(fs.setxattr(ino, b"user.c", &[0u8; 65537], false, false)), libc::E2BIG, "at most 64 KiB");
     assert!(fs.getattr(ino).unwrap().blocks > blocks, "the attribute block is counted");
     fs.unmount().unwrap();
@@ -349,6 +357,17 @@ fn immutable_and_append_only_flags_are_kept_and_enforced() {
     assert_eq!(errno(fs.fallocate(a, pwfs::fs::FALLOC_FL_PUNCH_HOLE | pwfs::fs::FALLOC_FL_KEEP_SIZE, 0, 1)), eperm);
     fs.fallocate(a, pwfs::fs::FALLOC_FL_KEEP_SIZE, 0, 8192).unwrap();
     assert_eq!(fs.read_file("/a").unwrap(), b"log:onetwo");
+    // An append-only directory takes new names, but loses none, not even to a rename
+    // onto one of them.
+    fs.create_dir("/ad", 0o755).unwrap();
+    fs.write_file("/ad/old", b"").unwrap();
+    fs.write_file("/x", b"").unwrap();
+    let ad = fs.metadata("/ad").unwrap().ino;
+    fs.set_flags(ad, FS_APPEND_FL).unwrap();
+    assert_eq!(errno(fs.rename(1, b"x", ad, b"old", false)), eperm);
+    assert_eq!(errno(fs.unlink(ad, b"old")), eperm);
+    fs.rename(1, b"x", ad, b"new", false).unwrap();
+    fs.set_flags(ad, 0).unwrap();
     // An immutable directory takes no new names and loses none.
     fs.write_file("/d/in", b"").unwrap();
     fs.set_flags(d, FS_IMMUTABLE_FL).unwrap();

@@ -282,7 +282,9 @@ impl Fs {
         let mode = if mode & f::S_IFMT == 0 { mode | f::S_IFREG } else { mode };
         match mode & f::S_IFMT {
             f::S_IFREG | f::S_IFIFO | f::S_IFCHR | f::S_IFBLK | f::S_IFSOCK => {}
-            _ => return Err(Error::invalid("mknod of a directory or symlink")),
+            // As the kernel's may_mknod.
+            f::S_IFDIR => return Err(Error::not_permitted("mknod of a directory")),
+            _ => return Err(Error::invalid("mknod of a symlink or an unknown type")),
         }
         self.make(parent, name, NewNode { mode: mode & (f::S_IFMT | 0o7777), who, rdev, target: None })
     }
@@ -439,6 +441,7 @@ impl Fs {
         match name {
             b"." if dir => return Err(Error::invalid("cannot remove '.'")),
             b".." if dir => return Err(Error::not_empty("cannot remove '..'")),
+            b"." | b".." => return Err(Error::is_dir("cannot unlink '.' or '..'")),
             _ => check_name(name)?,
         }
         let share = self.inner.tx_room() / 4;
@@ -662,6 +665,9 @@ impl Fs {
                     if noreplace {
                         return Err(Error::exists(""));
                     }
+                    // Replacing an entry removes one: not in an append-only directory
+                    // (the kernel's may_delete, which it cannot check for us).
+                    deny_change(&*m.inode(dp)?)?;
                     Self::check_replaceable(m, src_dir, d)?;
                     deny_change(&*m.inode(d)?)?;
                     false
@@ -771,7 +777,9 @@ impl Fs {
         StatFs {
             block_size: BLOCK_SIZE as u32,
             blocks: m.sb.data_blocks(),
-            blocks_free: m.alloc.free_blocks() + m.alloc.pending_blocks(),
+            // Less what delayed allocations have promised, as ext4 counts its dirty
+            // clusters.
+            blocks_free: m.available() + m.alloc.pending_blocks(),
             blocks_available: m.available().saturating_sub(FsInner::meta_reserve(&m)),
             inodes: m.sb.inode_count,
             inodes_free: m.ifree,
@@ -827,7 +835,7 @@ impl Fs {
         }
         let t = now();
         if chown || set.kill_setid {
-            let kill = perm::setid_to_clear(node.d.mode);
+            let kill = perm::setid_to_clear(node.d.mode, set.outsider);
             node.d.mode &= !kill;
         }
         if let Some(mode) = set.mode {
@@ -850,7 +858,13 @@ impl Fs {
         if let Some(mt) = set.mtime {
             node.d.mtime = pick(mt);
         }
-        if set.mode.is_some() || chown || set.kill_setid || set.atime.is_some() || set.mtime.is_some() {
+        if set.mode.is_some()
+            || chown
+            || set.kill_setid
+            || set.atime.is_some()
+            || set.mtime.is_some()
+            || set.ctime.is_some()
+        {
             node.d.ctime = set.ctime.unwrap_or(t);
         }
         let md = attr(ino, &node);
@@ -868,21 +882,29 @@ impl Fs {
     }
 
     /// What a write (or truncate) by a caller without CAP_FSETID does first, as the
-    /// kernel's `file_remove_privs`: clear S_ISUID, and S_ISGID if group-executable, of
-    /// a file. Whether the caller is privileged is the caller's to know (FUSE: the
-    /// kernel says so in the write request). Costs one look at the mode when there is
-    /// nothing to clear. Returns whether it cleared something.
-    pub fn remove_privs(&self, ino: u64) -> Result<bool> {
+    /// kernel's `file_remove_privs`: clear S_ISUID, and S_ISGID if group-executable or
+    /// the caller is not in the file's group (`in_group(gid)`, asked only of a file
+    /// whose S_ISGID has no group execute), of a file. Whether the caller is privileged
+    /// is the caller's to know (FUSE: the kernel says so in the write request). Costs
+    /// one look at the mode when there is nothing to clear. Returns whether it cleared
+    /// something.
+    pub fn remove_privs(&self, ino: u64, in_group: &dyn Fn(u32) -> bool) -> Result<bool> {
         let cell = self.inner.cell(ino)?;
-        if perm::setid_to_clear(cell.lock().d.mode) == 0 {
+        let (mode, gid) = {
+            let node = cell.lock();
+            (node.d.mode, node.d.gid)
+        };
+        let outsider = perm::sgid_asks_group(mode) && !in_group(gid);
+        if perm::setid_to_clear(mode, outsider) == 0 {
             return Ok(false);
         }
-        self.setattr(ino, &SetAttr { kill_setid: true, ..Default::default() })?;
+        self.setattr(ino, &SetAttr { kill_setid: true, outsider, ..Default::default() })?;
         Ok(true)
     }
 
     /// What a change does first, as the kernel's `file_remove_privs`: a caller without
-    /// CAP_FSETID (`setid`) clears the set-ID bits (`remove_privs`), and any caller
+    /// CAP_FSETID (`setid`: which groups it is in) clears the set-ID bits
+    /// (`remove_privs`), and any caller
     /// drops the file's capabilities (`perm::FILE_CAPS`), except at the write-back of
     /// pages the kernel cached (`PrivChange::CachedWrite`: their writer's change
     /// dropped them already, and a setcap since must stay). Looking for capabilities
@@ -892,10 +914,10 @@ impl Fs {
     /// file drops capabilities all the same, as the kernel's `cap_inode_killpriv`
     /// removes them without a setxattr's permission check. Returns whether it changed
     /// something.
-    pub fn kill_privs(&self, ino: u64, setid: bool, change: PrivChange) -> Result<bool> {
+    pub fn kill_privs(&self, ino: u64, setid: Option<&dyn Fn(u32) -> bool>, change: PrivChange) -> Result<bool> {
         let cell = self.inner.cell(ino)?;
         let caps = change != PrivChange::CachedWrite && !cell.caps_absent.load(std::sync::atomic::Ordering::Acquire);
-        if cell.kind != f::S_IFREG || !(setid || caps) {
+        if cell.kind != f::S_IFREG || !(setid.is_some() || caps) {
             return Ok(false);
         }
         let refused = match change {
@@ -905,7 +927,10 @@ impl Fs {
         if cell.lock().d.flags & refused != 0 {
             return Ok(false);
         }
-        let mut changed = setid && self.remove_privs(ino)?;
+        let mut changed = match setid {
+            Some(in_group) => self.remove_privs(ino, in_group)?,
+            None => false,
+        };
         if !caps {
             return Ok(changed);
         }
@@ -942,7 +967,11 @@ impl Fs {
             return Err(Error::new(crate::ErrorKind::Range, "attribute name too long"));
         }
         let known = [&b"user."[..], b"trusted.", b"security."];
-        if !known.iter().any(|p| name.starts_with(p) && name.len() > p.len()) {
+        if known.contains(&name) {
+            // A namespace with no name in it (the kernel's xattr_resolve_name).
+            return Err(Error::invalid("attribute name without a name after its namespace"));
+        }
+        if !known.iter().any(|p| name.starts_with(p)) {
             return Err(Error::new(crate::ErrorKind::NotSupported, "attribute namespace not supported"));
         }
         Ok(())

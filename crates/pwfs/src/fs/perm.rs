@@ -53,17 +53,25 @@ impl Creator {
 
 /// The set-id bits a write or truncate by a caller without CAP_FSETID, or a chown by
 /// anyone, clears from a file that is not a directory (the kernel's
-/// `should_remove_suid`): S_ISUID always, S_ISGID only with S_IXGRP (without it S_ISGID
-/// marks mandatory locking, not privilege).
-pub fn setid_to_clear(mode: u32) -> u32 {
+/// `should_remove_suid` and, since Linux 6.2, `setattr_should_drop_sgid`): S_ISUID
+/// always; S_ISGID with S_IXGRP, and without it (where it marks mandatory locking)
+/// only for an `outsider`, a caller neither in the file's group nor holding
+/// CAP_FSETID.
+pub fn setid_to_clear(mode: u32, outsider: bool) -> u32 {
     if mode & f::S_IFMT == f::S_IFDIR {
         return 0;
     }
     let mut kill = mode & S_ISUID;
-    if mode & (S_ISGID | S_IXGRP) == S_ISGID | S_IXGRP {
+    if mode & S_ISGID != 0 && (mode & S_IXGRP != 0 || outsider) {
         kill |= S_ISGID;
     }
     kill
+}
+
+/// Whether [`setid_to_clear`] of `mode` depends on the caller's groups: S_ISGID
+/// without group execute on a file that is not a directory.
+pub fn sgid_asks_group(mode: u32) -> bool {
+    mode & f::S_IFMT != f::S_IFDIR && mode & (S_ISGID | S_IXGRP) == S_ISGID
 }
 
 /// Owner and mode of a new inode in a directory of `dir_mode`/`dir_gid`, before ACLs
@@ -246,12 +254,19 @@ mod tests {
 
     #[test]
     fn setid_rule_follows_should_remove_suid() {
-        assert_eq!(setid_to_clear(f::S_IFREG | 0o4755), S_ISUID);
-        assert_eq!(setid_to_clear(f::S_IFREG | 0o2755), S_ISGID);
-        // S_ISGID without group execute: mandatory locking, kept.
-        assert_eq!(setid_to_clear(f::S_IFREG | 0o2745), 0);
-        assert_eq!(setid_to_clear(f::S_IFREG | 0o6777), S_ISUID | S_ISGID);
-        assert_eq!(setid_to_clear(f::S_IFDIR | 0o6777), 0);
+        for outsider in [false, true] {
+            assert_eq!(setid_to_clear(f::S_IFREG | 0o4755, outsider), S_ISUID);
+            assert_eq!(setid_to_clear(f::S_IFREG | 0o2755, outsider), S_ISGID);
+            assert_eq!(setid_to_clear(f::S_IFREG | 0o6777, outsider), S_ISUID | S_ISGID);
+            assert_eq!(setid_to_clear(f::S_IFDIR | 0o6777, outsider), 0);
+        }
+        // S_ISGID without group execute (mandatory locking): kept for a member of the
+        // file's group (or a holder of CAP_FSETID), cleared for anyone else.
+        assert_eq!(setid_to_clear(f::S_IFREG | 0o2745, false), 0);
+        assert_eq!(setid_to_clear(f::S_IFREG | 0o2745, true), S_ISGID);
+        assert!(sgid_asks_group(f::S_IFREG | 0o2745));
+        assert!(!sgid_asks_group(f::S_IFREG | 0o2755));
+        assert!(!sgid_asks_group(f::S_IFDIR | 0o2745));
     }
 
     #[test]

@@ -67,6 +67,14 @@ impl Fs {
                 self.set_size_at_least(&cell, end, mode & FALLOC_FL_KEEP_SIZE == 0)?;
             }
             FALLOC_FL_PUNCH_HOLE => {
+                // As ext4: nothing at or past the end of the file; a hole running
+                // past it ends with the end's block (blocks preallocated beyond it
+                // stay); a punch changes both times.
+                let size = cell.lock().d.size;
+                if offset >= size {
+                    return Ok(());
+                }
+                let end = end.min(size.next_multiple_of(BLOCK));
                 self.zero_edges(&cell, offset, end)?;
                 let _io = cell.io.write();
                 self.clear_blocks(&cell, offset.div_ceil(BLOCK), end / BLOCK, false)?;
@@ -78,6 +86,8 @@ impl Fs {
                 self.clear_blocks(&cell, offset.div_ceil(BLOCK), end / BLOCK, true)?;
                 self.preallocate(&cell, offset / BLOCK, end.div_ceil(BLOCK))?;
                 self.set_size_at_least(&cell, end, mode & FALLOC_FL_KEEP_SIZE == 0)?;
+                // Zeroing changes the data: both times, whatever the size did.
+                self.touch(&cell)?;
             }
             FALLOC_FL_COLLAPSE_RANGE => {
                 let _io = cell.io.write();
@@ -355,8 +365,15 @@ impl Fs {
         })
     }
 
+    /// The modification and change times move (a punch, a zeroing).
     fn touch(&self, cell: &InodeCell) -> Result<()> {
-        self.set_size_at_least(cell, 0, false)
+        let ino = cell.ino;
+        let (mut m, ()) = self.inner.admitted(|m| Ok((Need::tx(m.inode_cost(ino, 0)?), ())))?;
+        m.update(ino, |node| {
+            let t = now();
+            node.d.mtime = t;
+            node.d.ctime = t;
+        })
     }
 }
 
