@@ -634,7 +634,12 @@ impl Filesystem for PwFuse {
     /// holds, and checks the generation it gets against the handle's (ESTALE).
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match name.as_bytes() {
-            b"." => self.entry(reply, self.fs.getattr(parent.0)),
+            // A file with no name left is stale to a handle, as on ext4: the kernel
+            // let go of it, so it waits only to be freed (its pages may be gone).
+            b"." => match self.fs.getattr(parent.0) {
+                Ok(m) if m.nlink == 0 => reply.error(Errno::ESTALE),
+                r => self.entry(reply, r),
+            },
             name => self.entry(reply, self.fs.lookup(parent.0, name)),
         }
     }

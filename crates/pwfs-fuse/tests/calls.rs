@@ -228,6 +228,9 @@ fn file_handles_survive_a_remount() {
     let gone = name_to_handle(&dir.join("gone")).unwrap();
     let d = name_to_handle(&dir.join("d")).unwrap();
     std::fs::remove_file(dir.join("gone")).unwrap();
+    // At once, before a commit frees it: the kernel let go of the inode at the unlink,
+    // and a handle of it is stale already (it reopened the deleted file before).
+    assert_eq!(open_by_handle(&dir, &gone).err(), Some(libc::ESTALE), "a file just deleted");
     mounted.unmount().unwrap();
     fs.unmount().unwrap();
     // A new daemon, a new mount: the kernel knows none of these inodes.
