@@ -109,12 +109,18 @@ fn random_sequence(seed: u64) {
     for step in 0..300u64 {
         let what = format!("seed {seed} step {step}");
         let size = model.len() as u64;
-        let aligned = rng.gen_bool(0.4);
+        // Both ends on block boundaries, the start only (a range that may end inside
+        // its first block), or neither.
+        let shape = rng.gen_range(0..10);
         let mut off = rng.gen_range(0..max);
         let mut len: u64 = rng.gen_range(1..64 * 1024);
-        if aligned {
+        if shape < 6 {
             off = off / B * B;
+        }
+        if shape < 4 {
             len = len.div_ceil(B) * B;
+        } else if shape < 6 && rng.gen_bool(0.5) {
+            len = rng.gen_range(1..B);
         }
         let pick = rng.gen_range(0..100);
         log.push(format!("{step}: op {pick} off {off} len {len} size {size}"));
@@ -315,6 +321,17 @@ fn punches_stop_at_the_end_of_the_file_and_change_both_times() {
     assert!(t(zeroed.mtime) > t(after.mtime) && t(zeroed.ctime) > t(after.ctime), "a zeroing changes both times");
     want[100..110].fill(0);
     assert_eq!(fs.read_file("/f").unwrap(), want);
+    // A range inside one block that starts on the block's boundary (it once zeroed
+    // nothing: it has no head edge, and its tail edge was taken for the head's).
+    f.write_at(&[7u8; 3 * B as usize], 0).unwrap();
+    want = vec![7u8; 3 * B as usize];
+    f.allocate(ZERO | KEEP, B, 735).unwrap();
+    want[B as usize..B as usize + 735].fill(0);
+    f.allocate(PUNCH | KEEP, 2 * B, 100).unwrap();
+    want[2 * B as usize..2 * B as usize + 100].fill(0);
+    assert!(fs.read_file("/f").unwrap() == want, "zeroed and punched from a block boundary");
+    fs.evict_cache().unwrap();
+    assert!(fs.read_file("/f").unwrap() == want, "the same, read cold");
     fs.unmount().unwrap();
     fsck_clean(&*dev);
 }

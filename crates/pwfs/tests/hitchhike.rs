@@ -505,3 +505,171 @@ fn a_mount_after_a_crash_starts_the_log_past_the_next_sequence_number() {
     fs.unmount().unwrap();
     fsck_clean(&*dev);
 }
+
+/// One file's history in [`mixed_fsync_crash_points`]: its contents after each fsync
+/// of it returned, with the device's log length then.
+type History = Vec<(usize, Vec<u8>)>;
+
+/// Small fsync'd changes of every kind to three files — appends, overwrites small and
+/// whole-block, punches, zeroings, truncates down and up, each followed by an fsync or
+/// fdatasync of its file — with the write-back thread aging the hitchhiking buffer
+/// (carried blocks retire: written home, then revoked) and a small journal (many
+/// checkpoints). At every crash point each file holds what its last fsync left or,
+/// byte by byte, what the change in flight was making of it, and its size is one of
+/// the two; a crash during recovery changes nothing of that.
+fn mixed_fsync_crash_points(stack: Stack, seed: u64) {
+    use pwfs::fs::{FALLOC_FL_KEEP_SIZE as KEEP, FALLOC_FL_PUNCH_HOLE as PUNCH, FALLOC_FL_ZERO_RANGE as ZERO};
+    use rand::{Rng, SeedableRng};
+    let image = formatted_image(16 * MIB, &MkfsOptions { inodes: Some(256), journal_blocks: Some(64) });
+    let latency = if stack == Stack::Async { std::time::Duration::from_micros(10) } else { Default::default() };
+    let dev = Arc::new(SimDevice::new(image, SimConfig { seed, latency, ..Default::default() }));
+    let base = dev.start_recording();
+    let cfg = Config { writeback_interval: Some(std::time::Duration::from_millis(3)), ..config(stack, true) };
+    let fs = Fs::mount(dev.clone(), cfg).unwrap();
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+    let names = ["/a", "/b", "/c"];
+    let files: Vec<pwfs::File> =
+        names.iter().map(|n| OpenOptions::new().read(true).write(true).create(true).open(&fs, n).unwrap()).collect();
+    fs.sync().unwrap();
+    let mut model: Vec<Vec<u8>> = vec![Vec::new(); 3];
+    let mut history: Vec<History> = vec![vec![(dev.log_len(), Vec::new())]; 3];
+    // What was done to each file, from which point of the log: named in a failure.
+    let mut trace: Vec<Vec<(usize, String)>> = vec![Vec::new(); 3];
+    for i in 0..240u64 {
+        let which = rng.gen_range(0..3);
+        let (f, m) = (&files[which], &mut model[which]);
+        let len = m.len() as u64;
+        let at = dev.log_len();
+        let op = rng.gen_range(0..100);
+        trace[which].push((at, format!("op {op} on {len} bytes")));
+        match op {
+            0..=34 => {
+                let r = record(i, rng.gen_range(1..300));
+                f.write_at(&r, len).unwrap();
+                m.extend_from_slice(&r);
+            }
+            35..=59 if len > 0 => {
+                let off = rng.gen_range(0..len) as usize;
+                let r = record(i, rng.gen_range(1..200).min(m.len() - off));
+                f.write_at(&r, off as u64).unwrap();
+                m[off..off + r.len()].copy_from_slice(&r);
+            }
+            60..=67 => {
+                // A whole block that does not compress: logged or written whole.
+                let at = rng.gen_range(0..=len / 4096) as usize * 4096;
+                let r = noise(i, 4096);
+                f.write_at(&r, at as u64).unwrap();
+                if m.len() < at + 4096 {
+                    m.resize(at + 4096, 0);
+                }
+                m[at..at + 4096].copy_from_slice(&r);
+            }
+            68..=77 if len > 0 => {
+                let off = rng.gen_range(0..len);
+                let n = rng.gen_range(1..12_000);
+                let mode = if rng.gen_bool(0.5) { PUNCH | KEEP } else { ZERO | KEEP };
+                f.allocate(mode, off, n).unwrap();
+                trace[which].last_mut().unwrap().1 +=
+                    &format!(": {} {off}+{n}", if mode & PUNCH != 0 { "punch" } else { "zero" });
+                let end = (off + n).min(len) as usize;
+                m[off as usize..end].fill(0);
+            }
+            78..=89 => {
+                let size = if rng.gen_bool(0.7) { rng.gen_range(0..=len) } else { len + rng.gen_range(1..6000) };
+                f.set_len(size).unwrap();
+                m.resize(size as usize, 0);
+            }
+            _ => {
+                // Let the write-back thread age the buffer (retirements).
+                std::thread::sleep(std::time::Duration::from_millis(8));
+                continue;
+            }
+        }
+        if rng.gen_bool(0.5) {
+            f.sync_all().unwrap();
+            trace[which].last_mut().unwrap().1 += ", fsync";
+        } else {
+            f.sync_data().unwrap();
+            trace[which].last_mut().unwrap().1 += ", fdatasync";
+        }
+        history[which].push((dev.log_len(), m.clone()));
+    }
+    let hh = fs.hitchhike_stats();
+    assert!(hh.hitchhiked > 50 && hh.retired > 0, "seed {seed}: the paths under test did not run: {hh:?}");
+    drop(files);
+    drop(fs);
+    let log = dev.log();
+    // From the moment the three files exist.
+    let start = history[0][0].0;
+    let step = ((log.len() - start) / 50).max(1);
+    let mut checked = 0;
+    for k in (start..=log.len()).step_by(step).chain([log.len()]) {
+        let ctx = format!("{stack:?} seed {seed}: crash at {k} of {}", log.len());
+        let img = crash_image(&base, &log, k, seed ^ k as u64);
+        let r = pwfs::fsck::check(&MemDevice::from_vec(img.clone())).unwrap();
+        assert!(r.is_clean(), "{ctx}: fsck before recovery:\n{}", r.errors.join("\n"));
+        let rec = Arc::new(SimDevice::new(img.clone(), SimConfig::default()));
+        let rec_base = rec.start_recording();
+        drop(Fs::mount(rec.clone(), test_config()).unwrap_or_else(|e| panic!("{ctx}: mount: {e}")));
+        let rlog = rec.log();
+        let cut = if rlog.is_empty() { 0 } else { (k * 13 + seed as usize) % rlog.len() };
+        let img2 = crash_image(&rec_base, &rlog, cut, k as u64);
+        for (which, img) in [("recovered", img), ("recovered after a crash in recovery", img2)] {
+            let dev = Arc::new(MemDevice::from_vec(img));
+            let fs = Fs::mount(dev.clone(), test_config()).unwrap_or_else(|e| panic!("{ctx}: {which}: {e}"));
+            for ((n, h), t) in names.iter().zip(&history).zip(&trace) {
+                let i = h.iter().rposition(|(at, _)| *at <= k).unwrap();
+                let done: Vec<&(usize, String)> = t.iter().filter(|(at, _)| *at <= k).collect();
+                let ops = &done[done.len().saturating_sub(3)..];
+                let low = &h[i].1;
+                let high = &h.get(i + 1).unwrap_or(&h[i]).1;
+                let got = read_all(&fs, n);
+                assert!(
+                    got.len() == low.len() || got.len() == high.len(),
+                    "{ctx}: {which}: {n} has {} bytes, fsync'd {} (next {})",
+                    got.len(),
+                    low.len(),
+                    high.len()
+                );
+                for (j, b) in got.iter().enumerate() {
+                    // Past both, a size raised by the change reads zeros.
+                    let either = low.get(j).copied().unwrap_or(0) == *b || high.get(j).copied().unwrap_or(0) == *b;
+                    assert!(
+                        either,
+                        "{ctx}: {which}: {n} byte {j} is {b:#04x}: neither fsync'd ({:?}) nor being written ({:?}); \
+                         sizes {} / {}; last changes {ops:?}",
+                        low.get(j),
+                        high.get(j),
+                        low.len(),
+                        high.len()
+                    );
+                }
+            }
+            fs.unmount().unwrap();
+            fsck_clean(&*dev);
+            checked += 1;
+        }
+    }
+    assert!(checked > 20);
+}
+
+#[test]
+fn crash_points_of_mixed_fsyncd_changes_async_stack() {
+    mixed_fsync_crash_points(Stack::Async, 1);
+}
+
+#[test]
+fn crash_points_of_mixed_fsyncd_changes_sync_stack() {
+    mixed_fsync_crash_points(Stack::Sync, 2);
+}
+
+/// More seeds of [`mixed_fsync_crash_points`] on request, both stacks:
+/// `PWFS_HH_SEEDS=100 cargo test --release --test hitchhike -- --ignored` runs 100..110.
+#[test]
+#[ignore = "long: more seeds on request"]
+fn crash_points_of_mixed_fsyncd_changes_env_seeds() {
+    let start: u64 = std::env::var("PWFS_HH_SEEDS").map_or(1000, |s| s.parse().unwrap());
+    for seed in start..start + 10 {
+        mixed_fsync_crash_points(if seed % 2 == 0 { Stack::Async } else { Stack::Sync }, seed);
+    }
+}

@@ -215,7 +215,9 @@ impl Fs {
         if !offset.is_multiple_of(BLOCK) {
             edges.push((offset, end.min(offset.next_multiple_of(BLOCK))));
         }
-        if !end.is_multiple_of(BLOCK) && end / BLOCK > offset / BLOCK {
+        // The tail's block, unless the head's edge covered it already (a range inside
+        // one block that starts on its boundary has no head edge: it is all tail).
+        if !end.is_multiple_of(BLOCK) && (end / BLOCK > offset / BLOCK || offset.is_multiple_of(BLOCK)) {
             edges.push(((end / BLOCK) * BLOCK, end));
         }
         for (a, b) in edges {
