@@ -749,4 +749,9 @@ pub fn after_fork_in_child() {
     close_inherited_sockets();
     // SAFETY: the child has one thread; whoever held the lock is not in it.
     unsafe { LOCK.raw_unlock() };
+    // Position locks held by threads of the parent: their calls do not go on here (a
+    // descriptor number the child reuses would wait on them for ever).
+    for l in &POS_LOCKS[..HIGH_FD.load(Ordering::Relaxed).min(MAX_FDS)] {
+        l.store(false, Ordering::Release);
+    }
 }

@@ -570,9 +570,16 @@ fn serve(shared: &Shared, s: &Session, ch: Arc<Channel>) {
     let h = ch.header();
     while wait_request(shared, s, h) {
         let start = proto::now_ns();
-        let (result, r1) = match answer(shared, s, &ch) {
-            Ok(v) => v,
-            Err(e) => (-(e as i64), 0),
+        // A panic while answering (a bug) answers EIO and leaves the channel in
+        // service: unwound past here, the client would wait for ever.
+        let answered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| answer(shared, s, &ch)));
+        let (result, r1) = match answered {
+            Ok(Ok(v)) => v,
+            Ok(Err(e)) => (-(e as i64), 0),
+            Err(_) => {
+                eprintln!("pwfs: a shim request panicked; answered EIO");
+                (-(libc::EIO as i64), 0)
+            }
         };
         h.result.store(result, Ordering::Relaxed);
         h.r1.store(r1, Ordering::Relaxed);
