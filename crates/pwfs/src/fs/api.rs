@@ -124,8 +124,9 @@ pub struct SetAttr {
     pub ctime: Option<Timespec>,
     /// Clear S_ISUID, and S_ISGID if group-executable, of a non-directory: what a
     /// truncate by a caller without CAP_FSETID does (`perm::setid_to_clear`). A change
-    /// of owner or group does it anyway; so does a chown(2) to the same owner and group,
-    /// which comes as this with `ctime` alone.
+    /// of owner or group does it anyway; so does a chown(2) to the same owner and group
+    /// (the mount gets it as a request that sets nothing, or ctime alone, and passes it
+    /// on as this).
     pub kill_setid: bool,
     /// With `kill_setid` or a change of owner or group: the caller is neither in the
     /// file's group nor holds CAP_FSETID, so S_ISGID goes even without group execute.
