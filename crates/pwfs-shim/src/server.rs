@@ -367,24 +367,17 @@ fn accept_loop(shared: &Arc<Shared>, listener: &OwnedFd) {
 /// capability(7) number of CAP_FSETID.
 const CAP_FSETID: u32 = 4;
 
-/// Whether process `pid` has CAP_FSETID in its effective set.
-fn has_fsetid(pid: i32) -> bool {
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return false };
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .is_some_and(|caps| caps & (1 << CAP_FSETID) != 0)
-}
-
-/// The file-system group and the supplementary groups of process `pid` (none when
-/// /proc cannot tell).
-fn groups_of(pid: i32) -> Vec<u32> {
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return Vec::new() };
+/// Whether process `pid` has CAP_FSETID in its effective set, and its file-system
+/// group with its supplementary groups, from one read of /proc/PID/status (none when
+/// it cannot be read).
+fn fsetid_and_groups(pid: i32) -> (bool, Vec<u32>) {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return (false, Vec::new()) };
     let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).unwrap_or("");
+    let caps = u64::from_str_radix(field("CapEff:").trim(), 16).unwrap_or(0);
     // Gid: real, effective, saved, file system.
     let fsgid = field("Gid:").split_whitespace().nth(3).and_then(|g| g.parse().ok());
-    fsgid.into_iter().chain(field("Groups:").split_whitespace().filter_map(|g| g.parse().ok())).collect()
+    let groups = fsgid.into_iter().chain(field("Groups:").split_whitespace().filter_map(|g| g.parse().ok()));
+    (caps & (1 << CAP_FSETID) != 0, groups.collect())
 }
 
 fn peer_pid(sock: &OwnedFd) -> Option<i32> {
@@ -411,9 +404,13 @@ fn same_userns(pid: i32) -> bool {
 }
 
 fn session(shared: Arc<Shared>, sock: OwnedFd) {
-    let pid = peer_pid(&sock);
-    let fsetid = pid.is_some_and(|pid| same_userns(pid) && has_fsetid(pid));
-    let groups = pid.map(groups_of).unwrap_or_default();
+    let (fsetid, groups) = match peer_pid(&sock) {
+        Some(pid) => {
+            let (fsetid, groups) = fsetid_and_groups(pid);
+            (fsetid && same_userns(pid), groups)
+        }
+        None => (false, Vec::new()),
+    };
     let s = Arc::new(Session {
         sock,
         fsetid,

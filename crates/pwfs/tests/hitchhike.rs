@@ -159,6 +159,30 @@ fn off_switch_writes_blocks_whole() {
     assert_eq!(fs.hitchhike_stats().meta_deltas, 0);
 }
 
+/// The image a power cut after log entry `k` leaves (torn and dropped writes drawn from
+/// `seed`), checked clean by fsck as the journal leaves it, and that image after a
+/// recovery that itself crashed part-way (at entry `cut` modulo its log): the two
+/// states a recovered mount must find right, named.
+fn crash_images(
+    base: &[u8],
+    log: &[pwfs::device::sim::LogEntry],
+    k: usize,
+    seed: u64,
+    cut: usize,
+    ctx: &str,
+) -> [(&'static str, Vec<u8>); 2] {
+    let img = crash_image(base, log, k, seed);
+    let r = pwfs::fsck::check(&MemDevice::from_vec(img.clone())).unwrap();
+    assert!(r.is_clean(), "{ctx}: fsck before recovery:\n{}", r.errors.join("\n"));
+    let rec = Arc::new(SimDevice::new(img.clone(), SimConfig::default()));
+    let rec_base = rec.start_recording();
+    drop(Fs::mount(rec.clone(), test_config()).unwrap_or_else(|e| panic!("{ctx}: mount: {e}")));
+    let rlog = rec.log();
+    let cut = if rlog.is_empty() { 0 } else { cut % rlog.len() };
+    let img2 = crash_image(&rec_base, &rlog, cut, k as u64);
+    [("recovered", img), ("recovered after a crash in recovery", img2)]
+}
+
 /// Every crash point of an append+fsync run: the recovered file holds at least what
 /// the last fsync that returned had written, at most what the next one would, and a
 /// crash during recovery changes nothing of that.
@@ -177,20 +201,10 @@ fn crash_points(stack: Stack, len: usize, n: u64, journal: u64, datasync: bool) 
     let mut checked = 0;
     for k in (0..=log.len()).step_by(step).chain([log.len()]) {
         let ctx = format!("{stack:?} len {len}: crash at {k} of {}", log.len());
-        let img = crash_image(&base, &log, k, k as u64 * 31 + len as u64);
-        let r = pwfs::fsck::check(&MemDevice::from_vec(img.clone())).unwrap();
-        assert!(r.is_clean(), "{ctx}: fsck before recovery:\n{}", r.errors.join("\n"));
         let i = syncs.iter().rposition(|(at, _)| *at <= k).unwrap();
         let low = &syncs[i].1;
         let high = &syncs.get(i + 1).unwrap_or(&syncs[i]).1;
-        // Recovery crashed part-way, then recovered again.
-        let rec = Arc::new(SimDevice::new(img.clone(), SimConfig::default()));
-        let rec_base = rec.start_recording();
-        drop(Fs::mount(rec.clone(), test_config()).unwrap_or_else(|e| panic!("{ctx}: mount: {e}")));
-        let rlog = rec.log();
-        let cut = if rlog.is_empty() { 0 } else { (k * 7) % rlog.len() };
-        let img2 = crash_image(&rec_base, &rlog, cut, k as u64);
-        for (which, img) in [("recovered", img), ("recovered after a crash in recovery", img2)] {
+        for (which, img) in crash_images(&base, &log, k, k as u64 * 31 + len as u64, k * 7, &ctx) {
             let dev = Arc::new(MemDevice::from_vec(img));
             let fs = Fs::mount(dev.clone(), test_config()).unwrap_or_else(|e| panic!("{ctx}: {which}: {e}"));
             let got = if fs.metadata("/log").is_ok() { read_all(&fs, "/log") } else { Vec::new() };
@@ -605,16 +619,7 @@ fn mixed_fsync_crash_points(stack: Stack, seed: u64) {
     let mut checked = 0;
     for k in (start..=log.len()).step_by(step).chain([log.len()]) {
         let ctx = format!("{stack:?} seed {seed}: crash at {k} of {}", log.len());
-        let img = crash_image(&base, &log, k, seed ^ k as u64);
-        let r = pwfs::fsck::check(&MemDevice::from_vec(img.clone())).unwrap();
-        assert!(r.is_clean(), "{ctx}: fsck before recovery:\n{}", r.errors.join("\n"));
-        let rec = Arc::new(SimDevice::new(img.clone(), SimConfig::default()));
-        let rec_base = rec.start_recording();
-        drop(Fs::mount(rec.clone(), test_config()).unwrap_or_else(|e| panic!("{ctx}: mount: {e}")));
-        let rlog = rec.log();
-        let cut = if rlog.is_empty() { 0 } else { (k * 13 + seed as usize) % rlog.len() };
-        let img2 = crash_image(&rec_base, &rlog, cut, k as u64);
-        for (which, img) in [("recovered", img), ("recovered after a crash in recovery", img2)] {
+        for (which, img) in crash_images(&base, &log, k, seed ^ k as u64, k * 13 + seed as usize, &ctx) {
             let dev = Arc::new(MemDevice::from_vec(img));
             let fs = Fs::mount(dev.clone(), test_config()).unwrap_or_else(|e| panic!("{ctx}: {which}: {e}"));
             for ((n, h), t) in names.iter().zip(&history).zip(&trace) {

@@ -64,7 +64,7 @@ impl Fs {
             0 => {
                 let _io = cell.io.write();
                 self.preallocate(&cell, offset / BLOCK, end.div_ceil(BLOCK))?;
-                self.set_size_at_least(&cell, end, mode & FALLOC_FL_KEEP_SIZE == 0)?;
+                self.set_size_at_least(&cell, end, mode & FALLOC_FL_KEEP_SIZE == 0, false)?;
             }
             FALLOC_FL_PUNCH_HOLE => {
                 // As ext4: nothing at or past the end of the file; a hole running
@@ -78,16 +78,15 @@ impl Fs {
                 self.zero_edges(&cell, offset, end)?;
                 let _io = cell.io.write();
                 self.clear_blocks(&cell, offset.div_ceil(BLOCK), end / BLOCK, false)?;
-                self.touch(&cell)?;
+                self.set_size_at_least(&cell, 0, false, true)?;
             }
             FALLOC_FL_ZERO_RANGE => {
                 self.zero_edges(&cell, offset, end)?;
                 let _io = cell.io.write();
                 self.clear_blocks(&cell, offset.div_ceil(BLOCK), end / BLOCK, true)?;
                 self.preallocate(&cell, offset / BLOCK, end.div_ceil(BLOCK))?;
-                self.set_size_at_least(&cell, end, mode & FALLOC_FL_KEEP_SIZE == 0)?;
-                // Zeroing changes the data: both times, whatever the size did.
-                self.touch(&cell)?;
+                // Zeroing changes the data: both times, whatever the size does.
+                self.set_size_at_least(&cell, end, mode & FALLOC_FL_KEEP_SIZE == 0, true)?;
             }
             FALLOC_FL_COLLAPSE_RANGE => {
                 let _io = cell.io.write();
@@ -351,9 +350,10 @@ impl Fs {
         Ok(())
     }
 
-    /// After a preallocation or zeroing: the size grows to `end` if `grow`, and the
-    /// change time moves (the modification time too when the size changed).
-    fn set_size_at_least(&self, cell: &InodeCell, end: u64, grow: bool) -> Result<()> {
+    /// After a preallocation, punch or zeroing: the size grows to `end` if `grow`, and
+    /// the change time moves; the modification time too when the size changed or the
+    /// data did (`modified`: a punch, a zeroing).
+    fn set_size_at_least(&self, cell: &InodeCell, end: u64, grow: bool, modified: bool) -> Result<()> {
         let ino = cell.ino;
         let (mut m, ()) = self.inner.admitted(|m| Ok((Need::tx(m.inode_cost(ino, 0)?), ())))?;
         m.update(ino, |node| {
@@ -363,17 +363,9 @@ impl Fs {
                 node.d.mtime = t;
                 node.data_meta_dirty = true;
             }
-            node.d.ctime = t;
-        })
-    }
-
-    /// The modification and change times move (a punch, a zeroing).
-    fn touch(&self, cell: &InodeCell) -> Result<()> {
-        let ino = cell.ino;
-        let (mut m, ()) = self.inner.admitted(|m| Ok((Need::tx(m.inode_cost(ino, 0)?), ())))?;
-        m.update(ino, |node| {
-            let t = now();
-            node.d.mtime = t;
+            if modified {
+                node.d.mtime = t;
+            }
             node.d.ctime = t;
         })
     }
