@@ -68,7 +68,8 @@ pub struct pwfs_file {
 /// A directory being listed. Opaque to C.
 pub struct pwfs_dir {
     fs: Fs,
-    ino: u64,
+    /// The directory, held open.
+    held: File,
     /// The offset to read the next batch from (the engine's stable offsets).
     next: u64,
     /// The current batch; each name carries a NUL after its bytes.
@@ -508,13 +509,15 @@ pub unsafe extern "C" fn pwfs_opendir(
     call(err, std::ptr::null_mut(), || {
         // SAFETY: the caller's handle, pointers and lengths (contract).
         let (h, p) = unsafe { (handle(fs)?, self::path(path, path_len)?) };
-        let ino = h.fs.resolve(p, true).map_err(errno)?;
-        if !h.fs.getattr(ino).map_err(errno)?.is_dir() {
+        // Held open, as the kernel holds a directory stream's inode: removed meanwhile,
+        // it lists nothing; its number is not given to another directory.
+        let held = OpenOptions::new().read(true).open(&h.fs, p).map_err(errno)?;
+        if !held.metadata().map_err(errno)?.is_dir() {
             return Err(libc::ENOTDIR);
         }
         h.open.fetch_add(1, Ordering::AcqRel);
         let dir =
-            pwfs_dir { fs: h.fs.clone(), ino, next: 2, batch: Vec::new(), at: 0, done: false, open: h.open.clone() };
+            pwfs_dir { fs: h.fs.clone(), held, next: 2, batch: Vec::new(), at: 0, done: false, open: h.open.clone() };
         Ok(Box::into_raw(Box::new(dir)))
     })
 }
@@ -537,7 +540,7 @@ pub unsafe extern "C" fn pwfs_readdir(dir: *mut pwfs_dir, out: *mut pwfs_dirent,
             if d.done {
                 return Ok(0);
             }
-            let mut batch = d.fs.readdir(d.ino, d.next, DIR_BATCH).map_err(errno)?;
+            let mut batch = d.fs.readdir(d.held.ino(), d.next, DIR_BATCH).map_err(errno)?;
             let Some(last) = batch.last() else {
                 d.done = true;
                 return Ok(0);

@@ -389,6 +389,39 @@ impl io::Write for &File {
     }
 }
 
+/// How many times a path call walks again when the inode its name led to went away.
+const PIN_TRIES: u32 = 64;
+
+/// An inode held open for the length of a path call (`Fs::pin`).
+struct Pin<'a> {
+    fs: &'a Fs,
+    /// `None` once handed on (`into_cell`).
+    cell: Option<Arc<InodeCell>>,
+}
+
+impl<'a> Pin<'a> {
+    fn new(fs: &'a Fs, cell: Arc<InodeCell>) -> Pin<'a> {
+        Pin { fs, cell: Some(cell) }
+    }
+
+    fn ino(&self) -> u64 {
+        self.cell.as_ref().expect("a pin holds its cell until handed on").ino
+    }
+
+    /// The cell, its open count handed to the caller (a `File`).
+    fn into_cell(mut self) -> Arc<InodeCell> {
+        self.cell.take().expect("a pin holds its cell until handed on")
+    }
+}
+
+impl Drop for Pin<'_> {
+    fn drop(&mut self) {
+        if let Some(cell) = self.cell.take() {
+            self.fs.release_cell(&cell);
+        }
+    }
+}
+
 fn split_last(path: &[u8]) -> Result<(&[u8], &[u8])> {
     let trimmed = {
         let mut end = path.len();
@@ -404,43 +437,84 @@ fn split_last(path: &[u8]) -> Result<(&[u8], &[u8])> {
 }
 
 impl Fs {
-    fn walk(&self, start: u64, path: &[u8], follow_last: bool, depth: &mut u32) -> Result<u64> {
+    /// The inode a path names, and its attributes as the lookup of its last component
+    /// found them (the root's read when the path has no component).
+    fn walk(&self, start: u64, path: &[u8], follow_last: bool, depth: &mut u32) -> Result<Metadata> {
         if path.len() >= PATH_MAX {
             return Err(Error::name_too_long("path longer than PATH_MAX"));
         }
         let mut cur = if path.starts_with(b"/") { f::ROOT_INO } else { start };
         let comps: Vec<&[u8]> = path.split(|c| *c == b'/').filter(|c| !c.is_empty()).collect();
+        let mut found = None;
         for (i, c) in comps.iter().enumerate() {
             let last = i + 1 == comps.len();
             let md = self.lookup(cur, c)?;
-            if md.kind == FileType::Symlink && (!last || follow_last) {
+            let md = if md.kind == FileType::Symlink && (!last || follow_last) {
                 *depth += 1;
                 if *depth > MAX_SYMLINKS {
                     return Err(Error::is_loop("too many levels of symbolic links"));
                 }
                 let target = self.readlink(md.ino)?;
-                cur = self.walk(cur, &target, true, depth)?;
+                self.walk(cur, &target, true, depth)?
             } else {
-                cur = md.ino;
-            }
+                md
+            };
+            cur = md.ino;
+            found = Some(md);
         }
-        if path.ends_with(b"/") && !comps.is_empty() && !self.getattr(cur)?.is_dir() {
+        let md = match found {
+            Some(md) => md,
+            None => self.getattr(cur)?,
+        };
+        if path.ends_with(b"/") && !comps.is_empty() && !md.is_dir() {
             return Err(Error::not_dir("trailing slash on a non-directory"));
         }
-        Ok(cur)
+        Ok(md)
     }
 
-    /// The inode a path names, following symlinks in the last component or not.
+    /// The inode a path names, following symlinks in the last component or not. The
+    /// number is not held: a concurrent unlink or rename over the name can free it
+    /// and a new inode take it. The path calls below hold the inode instead (`pin`).
     pub fn resolve(&self, path: impl AsRef<[u8]>, follow: bool) -> Result<u64> {
-        let path = path.as_ref();
+        self.resolve_md(path.as_ref(), follow).map(|md| md.ino)
+    }
+
+    fn resolve_md(&self, path: &[u8], follow: bool) -> Result<Metadata> {
         if path.is_empty() {
             return Err(Error::not_found("empty path"));
         }
         self.walk(f::ROOT_INO, path, follow, &mut 0)
     }
 
+    /// The inode a path names, held open (like a dentry reference in the kernel) so that
+    /// an unlink or a rename over the name while the caller works on it cannot free it
+    /// or give its number to another file. Returns its attributes at the time it was
+    /// held and the handle that holds it.
+    fn pin(&self, path: &[u8], follow: bool) -> Result<(Metadata, Pin<'_>)> {
+        let mut tries = 0;
+        loop {
+            let md = self.resolve_md(path, follow)?;
+            match self.open_cell(md.ino) {
+                Ok((held, cell)) if held.generation == md.generation => {
+                    return Ok((held, Pin::new(self, cell)));
+                }
+                // The name's inode went away after the walk found it (and its number
+                // may have been taken by another): walk again.
+                Ok((_, cell)) => self.release_cell(&cell),
+                Err(e) if e.kind == ErrorKind::NotFound && tries < PIN_TRIES => {}
+                Err(e) => return Err(e),
+            }
+            tries += 1;
+            if tries > PIN_TRIES {
+                return Err(Error::not_found("the name kept changing while it was looked up"));
+            }
+        }
+    }
+
     /// The directory that holds the last component, and that component's name.
-    fn resolve_parent<'p>(&self, path: &'p [u8]) -> Result<(u64, &'p [u8])> {
+    /// Held (`pin`) so that it cannot be removed and its number given to another
+    /// directory while the caller adds or removes the name.
+    fn resolve_parent<'p>(&self, path: &'p [u8]) -> Result<(Pin<'_>, &'p [u8])> {
         if path.is_empty() {
             return Err(Error::not_found("empty path"));
         }
@@ -448,7 +522,7 @@ impl Fs {
         if name.is_empty() || name == b"/" {
             return Err(Error::new(ErrorKind::Busy, "the root directory"));
         }
-        let parent = if dir.is_empty() { f::ROOT_INO } else { self.walk(f::ROOT_INO, dir, true, &mut 0)? };
+        let (_, parent) = self.pin(if dir.is_empty() { b"/" } else { dir }, true)?;
         Ok((parent, name))
     }
 
@@ -463,26 +537,40 @@ impl Fs {
         }
         // Whether this open created the file (then O_TRUNC has nothing to do: it is
         // empty, and its times are the creation's).
-        let (ino, created) = if o.create_new {
+        let create = || -> Result<(Metadata, Pin<'_>, bool)> {
             let (parent, name) = self.resolve_parent(path)?;
-            (self.mknod(parent, name, f::S_IFREG | (o.mode & 0o7777), 0, &Creator::new(o.uid, o.gid))?.ino, true)
-        } else {
-            match self.resolve(path, !o.nofollow) {
-                Ok(ino) => (ino, false),
-                Err(e) if e.kind == ErrorKind::NotFound && o.create => {
-                    let (parent, name) = self.resolve_parent(path)?;
-                    match self.mknod(parent, name, f::S_IFREG | (o.mode & 0o7777), 0, &Creator::new(o.uid, o.gid)) {
-                        Ok(md) => (md.ino, true),
-                        // Lost a race with another creator, or a dangling symlink.
-                        Err(e2) if e2.kind == ErrorKind::Exists => (self.resolve(path, !o.nofollow)?, false),
-                        Err(e2) => return Err(e2),
-                    }
+            let made =
+                self.mknod(parent.ino(), name, f::S_IFREG | (o.mode & 0o7777), 0, &Creator::new(o.uid, o.gid))?;
+            match self.open_cell(made.ino) {
+                Ok((md, cell)) if md.generation == made.generation => Ok((md, Pin::new(self, cell), true)),
+                // Removed (and its number taken) before it could be held: as if it
+                // had been removed right after this open.
+                Ok((_, cell)) => {
+                    self.release_cell(&cell);
+                    Err(Error::not_found("the new file was removed while it was opened"))
                 }
+                Err(e) => Err(e),
+            }
+        };
+        let (md, pin, created) = if o.create_new {
+            create()?
+        } else {
+            match self.pin(path, !o.nofollow) {
+                Ok((md, pin)) => (md, pin, false),
+                Err(e) if e.kind == ErrorKind::NotFound && o.create => match create() {
+                    Ok(made) => made,
+                    // Lost a race with another creator, or a dangling symlink.
+                    Err(e2) if e2.kind == ErrorKind::Exists => {
+                        let (md, pin) = self.pin(path, !o.nofollow)?;
+                        (md, pin, false)
+                    }
+                    Err(e2) => return Err(e2),
+                },
                 Err(e) => return Err(e),
             }
         };
-        let (md, cell) = self.open_cell(ino)?;
-        let file = File::new(self, ino, cell, o.read, writable, o.append);
+        let ino = md.ino;
+        let file = File::new(self, ino, pin.into_cell(), o.read, writable, o.append);
         match md.kind {
             FileType::Directory if writable => return Err(Error::is_dir("")),
             FileType::Symlink => return Err(Error::is_loop("O_NOFOLLOW on a symlink")),
@@ -513,56 +601,59 @@ impl Fs {
     }
 
     pub fn metadata(&self, path: impl AsRef<[u8]>) -> Result<Metadata> {
-        self.getattr(self.resolve(path, true)?)
+        self.resolve_md(path.as_ref(), true)
     }
 
     pub fn symlink_metadata(&self, path: impl AsRef<[u8]>) -> Result<Metadata> {
-        self.getattr(self.resolve(path, false)?)
+        self.resolve_md(path.as_ref(), false)
     }
 
     pub fn create_dir(&self, path: impl AsRef<[u8]>, mode: u32) -> Result<Metadata> {
         let (parent, name) = self.resolve_parent(path.as_ref()).map_err(|e| busy_is(e, ErrorKind::Exists))?;
-        self.mkdir(parent, name, mode, &Creator::new(0, 0))
+        self.mkdir(parent.ino(), name, mode, &Creator::new(0, 0))
     }
 
     pub fn remove_dir(&self, path: impl AsRef<[u8]>) -> Result<()> {
         let (parent, name) = self.resolve_parent(path.as_ref())?;
-        self.rmdir(parent, name)
+        self.rmdir(parent.ino(), name)
     }
 
     pub fn remove_file(&self, path: impl AsRef<[u8]>) -> Result<()> {
         let (parent, name) = self.resolve_parent(path.as_ref()).map_err(|e| busy_is(e, ErrorKind::IsDir))?;
-        self.unlink(parent, name)
+        self.unlink(parent.ino(), name)
     }
 
     pub fn rename_path(&self, from: impl AsRef<[u8]>, to: impl AsRef<[u8]>) -> Result<()> {
         let (sp, sname) = self.resolve_parent(from.as_ref())?;
         let (dp, dname) = self.resolve_parent(to.as_ref())?;
-        self.rename(sp, sname, dp, dname, false)
+        self.rename(sp.ino(), sname, dp.ino(), dname, false)
     }
 
     pub fn hard_link(&self, src: impl AsRef<[u8]>, dst: impl AsRef<[u8]>) -> Result<Metadata> {
-        let ino = self.resolve(src, false)?;
+        let (md, _pin) = self.pin(src.as_ref(), false)?;
         let (parent, name) = self.resolve_parent(dst.as_ref()).map_err(|e| busy_is(e, ErrorKind::Exists))?;
-        self.link(ino, parent, name)
+        self.link(md.ino, parent.ino(), name)
     }
 
     /// Create `link` pointing at `target`.
     pub fn symlink_path(&self, target: impl AsRef<[u8]>, link: impl AsRef<[u8]>) -> Result<Metadata> {
         let (parent, name) = self.resolve_parent(link.as_ref()).map_err(|e| busy_is(e, ErrorKind::Exists))?;
-        self.symlink(parent, name, target.as_ref(), &Creator::new(0, 0))
+        self.symlink(parent.ino(), name, target.as_ref(), &Creator::new(0, 0))
     }
 
     pub fn read_link(&self, path: impl AsRef<[u8]>) -> Result<Vec<u8>> {
-        self.readlink(self.resolve(path, false)?)
+        let (md, _pin) = self.pin(path.as_ref(), false)?;
+        self.readlink(md.ino)
     }
 
     pub fn set_permissions(&self, path: impl AsRef<[u8]>, mode: u32) -> Result<Metadata> {
-        self.setattr(self.resolve(path, true)?, &SetAttr { mode: Some(mode), ..Default::default() })
+        let (md, _pin) = self.pin(path.as_ref(), true)?;
+        self.setattr(md.ino, &SetAttr { mode: Some(mode), ..Default::default() })
     }
 
     pub fn set_owner(&self, path: impl AsRef<[u8]>, uid: Option<u32>, gid: Option<u32>) -> Result<Metadata> {
-        self.setattr(self.resolve(path, true)?, &SetAttr { uid, gid, ..Default::default() })
+        let (md, _pin) = self.pin(path.as_ref(), true)?;
+        self.setattr(md.ino, &SetAttr { uid, gid, ..Default::default() })
     }
 
     pub fn set_times(
@@ -571,16 +662,19 @@ impl Fs {
         atime: Option<TimeSet>,
         mtime: Option<TimeSet>,
     ) -> Result<Metadata> {
-        self.setattr(self.resolve(path, true)?, &SetAttr { atime, mtime, ..Default::default() })
+        let (md, _pin) = self.pin(path.as_ref(), true)?;
+        self.setattr(md.ino, &SetAttr { atime, mtime, ..Default::default() })
     }
 
     pub fn set_len(&self, path: impl AsRef<[u8]>, size: u64) -> Result<()> {
-        self.truncate(self.resolve(path, true)?, size)
+        let (md, _pin) = self.pin(path.as_ref(), true)?;
+        self.truncate(md.ino, size)
     }
 
     /// Every entry of a directory except "." and "..", in offset order.
     pub fn read_dir(&self, path: impl AsRef<[u8]>) -> Result<Vec<DirEntry>> {
-        let ino = self.resolve(path, true)?;
+        let (md, _pin) = self.pin(path.as_ref(), true)?;
+        let ino = md.ino;
         let mut out = Vec::new();
         let mut off = 2;
         loop {

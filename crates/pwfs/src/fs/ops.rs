@@ -13,7 +13,7 @@ use crate::aios::Trace;
 use crate::cache::PageState;
 use crate::commit::{entry_cost, Need};
 use crate::config::Stack;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::format::{self as f, BLOCK, BLOCK_SIZE};
 use crate::readahead::RaState;
 
@@ -44,6 +44,9 @@ pub(crate) fn check_name(name: &[u8]) -> Result<()> {
     }
     Ok(())
 }
+
+/// How many times a lookup looks again for a name whose inode went away under it.
+const LOOKUP_TRIES: u32 = 64;
 
 fn is_dot(name: &[u8]) -> bool {
     name == b"." || name == b".."
@@ -87,10 +90,34 @@ impl Fs {
         Ok(attr(ino, &node))
     }
 
+    /// The inode `name` names in `parent`, and its attributes. The name is found, then
+    /// its inode read; a rename over the name or an unlink in between can free that
+    /// inode (and hand its number to a new one), so the answer is checked against the
+    /// index again and the lookup repeated: a name that exists all along is always
+    /// found, with its own inode's attributes (as the kernel's dentry lock assures).
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Metadata> {
         self.inner.check_up()?;
+        let mut tries = 0;
+        loop {
+            let ino = self.lookup_ino(parent, name)?;
+            let got = self.getattr(ino);
+            if tries < LOOKUP_TRIES && !is_dot(name) {
+                let moved = match &got {
+                    Err(e) => e.kind == ErrorKind::NotFound,
+                    Ok(_) => self.lookup_cached(parent, name).is_ok_and(|now| now.is_some_and(|i| i != ino)),
+                };
+                if moved {
+                    tries += 1;
+                    continue;
+                }
+            }
+            return got;
+        }
+    }
+
+    fn lookup_ino(&self, parent: u64, name: &[u8]) -> Result<u64> {
         if let Some(ino) = self.lookup_cached(parent, name)? {
-            return self.getattr(ino);
+            return Ok(ino);
         }
         let ino = {
             let mut m = self.meta();
@@ -104,7 +131,7 @@ impl Fs {
                 }
             }
         };
-        self.getattr(ino)
+        Ok(ino)
     }
 
     /// A lookup answered without the metadata lock, from the directory's name index when

@@ -1,0 +1,236 @@
+//! Threads racing on one namespace: shared directories, the same names, renames across
+//! directories, links, removes and writes at once. Each call may fail only with an errno
+//! the race explains; nothing may panic or deadlock; the file system must not be poisoned;
+//! after unmount the image is clean (fsck) and every link count matches the names a
+//! walk finds. A rename over an existing name is atomic for a concurrent lookup.
+
+mod common;
+
+use common::*;
+use pwfs::{Fs, OpenOptions};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+/// A small deterministic generator (xorshift64*), one per thread and seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
+        from[(self.next() % from.len() as u64) as usize]
+    }
+}
+
+const DIRS: [&str; 5] = ["", "/a", "/b", "/a/s", "/b/x"];
+const NAMES: [&str; 6] = ["x", "y", "z", "s", "a", "f"];
+
+fn path(r: &mut Rng) -> String {
+    format!("{}/{}", r.pick(&DIRS), r.pick(&NAMES))
+}
+
+/// Errnos a race on shared names explains: the name went or came, its kind changed
+/// under the caller, a directory got a child, a rename into the subtree being moved.
+fn explained(errno: i32) -> bool {
+    [libc::ENOENT, libc::EEXIST, libc::ENOTEMPTY, libc::ENOTDIR, libc::EISDIR, libc::EINVAL, libc::EPERM]
+        .contains(&errno)
+}
+
+fn ok<T>(x: pwfs::Result<T>) -> pwfs::Result<()> {
+    x.map(|_| ())
+}
+
+fn one_op(fs: &Fs, r: &mut Rng) -> (String, pwfs::Result<()>) {
+    let (p, q) = (path(r), path(r));
+    match r.next() % 12 {
+        0 | 1 => (format!("create {p}"), ok(OpenOptions::new().write(true).create_new(true).open(fs, &p))),
+        2 => (format!("mkdir {p}"), ok(fs.create_dir(&p, 0o755))),
+        3 => (format!("unlink {p}"), fs.remove_file(&p)),
+        4 => (format!("rmdir {p}"), fs.remove_dir(&p)),
+        5 | 6 => (format!("rename {p} {q}"), fs.rename_path(&p, &q)),
+        7 => (format!("link {p} {q}"), ok(fs.hard_link(&p, &q))),
+        8 => {
+            let len = (r.next() % 9000) as usize;
+            let off = r.next() % 20_000;
+            let res = OpenOptions::new().write(true).open(fs, &p).and_then(|f| f.write_at(&vec![7u8; len], off));
+            (format!("write {p}"), ok(res))
+        }
+        9 => {
+            let size = r.next() % 20_000;
+            (format!("truncate {p}"), OpenOptions::new().write(true).open(fs, &p).and_then(|f| f.set_len(size)))
+        }
+        10 => {
+            let res = fs.resolve(&p, false).and_then(|ino| fs.setxattr(ino, b"user.k", &[1; 40], false, false));
+            // The inode can go between the resolve and the call.
+            (format!("setxattr {p}"), res)
+        }
+        _ => {
+            let res = fs.metadata(&p).map(|_| ()).and_then(|_| fs.read_dir(&p).map(|_| ()));
+            (format!("stat+readdir {p}"), res)
+        }
+    }
+}
+
+/// Every name under `dir`, recursively: (inode, is_dir) per path.
+fn walk(fs: &Fs, dir: &str, out: &mut Vec<(String, u64, bool)>) {
+    for e in fs.read_dir(if dir.is_empty() { "/" } else { dir }).unwrap() {
+        let name = String::from_utf8(e.name).unwrap();
+        if name == "." || name == ".." {
+            continue;
+        }
+        let p = format!("{dir}/{name}");
+        let is_dir = e.kind == pwfs::FileType::Directory;
+        assert_eq!(fs.metadata(&p).unwrap().ino, e.ino, "{p}: readdir and lookup disagree");
+        out.push((p.clone(), e.ino, is_dir));
+        if is_dir {
+            walk(fs, &p, out);
+        }
+    }
+}
+
+/// Link counts: a file's is its names, a directory's 2 plus its subdirectories.
+fn check_links(fs: &Fs) {
+    let mut all = Vec::new();
+    walk(fs, "", &mut all);
+    let mut names: HashMap<u64, u32> = HashMap::new();
+    for (_, ino, _) in &all {
+        *names.entry(*ino).or_default() += 1;
+    }
+    for (p, ino, is_dir) in &all {
+        let md = fs.metadata(p).unwrap();
+        if *is_dir {
+            let subdirs = all.iter().filter(|(q, _, d)| *d && q.rsplit_once('/').map(|(h, _)| h) == Some(p)).count();
+            assert_eq!(md.nlink, 2 + subdirs as u32, "{p}");
+            assert_eq!(names[ino], 1, "{p}: a directory with two names");
+        } else {
+            assert_eq!(md.nlink, names[ino], "{p}: link count against names found");
+        }
+    }
+}
+
+/// Run `f` on a thread and fail, instead of hanging the suite, if it takes too long.
+fn within(limit: Duration, what: &str, f: impl FnOnce() + Send + 'static) {
+    let (tx, rx) = mpsc::channel();
+    let h = std::thread::spawn(move || {
+        f();
+        let _ = tx.send(());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(()) => h.join().unwrap(),
+        // The thread panicked: join reports its message.
+        Err(mpsc::RecvTimeoutError::Disconnected) => h.join().unwrap(),
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("{what}: still running after {limit:?} (deadlock?)"),
+    }
+}
+
+#[test]
+fn shared_namespace_stays_consistent() {
+    let rounds: u64 = std::env::var("PWFS_RACE_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(6);
+    for round in 0..rounds {
+        let dev = Arc::new(pwfs::device::mem::MemDevice::new(64 * MIB));
+        // A tiny journal: commits (and their waits) happen in the middle of the races.
+        let mkfs = pwfs::MkfsOptions { journal_blocks: Some(64), ..Default::default() };
+        pwfs::mkfs(&*dev, &mkfs).unwrap();
+        let config = move || pwfs::Config {
+            cache_bytes: 64 * 4096,
+            writeback_interval: Some(Duration::from_millis(3)),
+            ..test_config()
+        };
+        let fs = Fs::mount(dev.clone(), config()).unwrap();
+        for d in ["/a", "/b", "/a/s", "/b/x"] {
+            fs.create_dir(d, 0o755).unwrap();
+        }
+        let fs2 = fs.clone();
+        within(Duration::from_secs(120), &format!("round {round}"), move || {
+            let handles: Vec<_> = (0..4u64)
+                .map(|t| {
+                    let fs = fs2.clone();
+                    std::thread::spawn(move || {
+                        let seed = round * 131 + t * 7 + 1;
+                        let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+                        let mut done: HashMap<String, u32> = HashMap::new();
+                        for i in 0..1500 {
+                            let (what, res) = one_op(&fs, &mut r);
+                            match res {
+                                Ok(()) => *done.entry(what.split(' ').next().unwrap().to_string()).or_default() += 1,
+                                Err(e) => {
+                                    assert!(explained(e.errno()), "round {round} thread {t} op {i} {what}: {e}")
+                                }
+                            }
+                        }
+                        done
+                    })
+                })
+                .collect();
+            let mut done: HashMap<String, u32> = HashMap::new();
+            for h in handles {
+                for (k, n) in h.join().unwrap() {
+                    *done.entry(k).or_default() += n;
+                }
+            }
+            // The race did something: every kind of call succeeded some of the time.
+            for kind in ["create", "mkdir", "unlink", "rmdir", "rename", "link", "write", "truncate", "setxattr"] {
+                assert!(done.get(kind).copied().unwrap_or(0) > 0, "round {round}: no {kind} succeeded: {done:?}");
+            }
+        });
+        assert_eq!(fs.poisoned(), None, "round {round}");
+        check_links(&fs);
+        fs.unmount().unwrap();
+        fsck_clean(&*dev);
+        let fs = Fs::mount(dev.clone(), config()).unwrap();
+        check_links(&fs);
+        fs.unmount().unwrap();
+    }
+}
+
+/// rename(2) over an existing name replaces it atomically: a lookup of the name at any
+/// moment finds the old file or the new one, never nothing. Within one directory and
+/// across two.
+#[test]
+fn rename_over_a_name_never_hides_it() {
+    let (_dev, fs) = mem_fs(64 * MIB);
+    fs.create_dir("/d", 0o755).unwrap();
+    fs.create_dir("/e", 0o755).unwrap();
+    drop(OpenOptions::new().write(true).create_new(true).open(&fs, "/d/t").unwrap());
+    let stop = Arc::new(AtomicBool::new(false));
+    let fs2 = fs.clone();
+    let stop2 = stop.clone();
+    within(Duration::from_secs(120), "rename race", move || {
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                let (fs, stop) = (fs2.clone(), stop2.clone());
+                std::thread::spawn(move || {
+                    let mut seen = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let md = fs.metadata("/d/t").expect("the renamed-over name must always be there");
+                        assert!(md.is_file());
+                        seen += 1;
+                    }
+                    seen
+                })
+            })
+            .collect();
+        for i in 0..20_000u64 {
+            let from = if i % 2 == 0 { "/d/tmp" } else { "/e/tmp" };
+            let f = OpenOptions::new().write(true).create_new(true).open(&fs2, from).unwrap();
+            f.write_at(&i.to_le_bytes(), 0).unwrap();
+            drop(f);
+            fs2.rename_path(from, "/d/t").unwrap();
+        }
+        stop2.store(true, Ordering::Relaxed);
+        for r in readers {
+            assert!(r.join().unwrap() > 0);
+        }
+    });
+    let f = OpenOptions::new().read(true).open(&fs, "/d/t").unwrap();
+    let mut b = [0u8; 8];
+    assert_eq!(f.read_at(&mut b, 0).unwrap(), 8);
+    assert_eq!(u64::from_le_bytes(b), 19_999);
+    assert_eq!(fs.metadata("/d/t").unwrap().nlink, 1);
+}
