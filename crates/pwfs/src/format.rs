@@ -247,7 +247,9 @@ impl Superblock {
                 return bad("superblock region order");
             }
         }
-        if self.data_end != self.total_blocks.saturating_sub(1) || self.data_start + 8 > self.data_end {
+        if self.data_end != self.total_blocks.saturating_sub(1)
+            || self.data_start.checked_add(8).is_none_or(|end| end > self.data_end)
+        {
             return bad("superblock data area");
         }
         Ok(())
@@ -502,7 +504,9 @@ impl DiskInode {
             return Err(FormatError::Invalid { what: "inode fields" });
         }
         if d.flags & INODE_FLAG_INLINE != 0 {
-            if d.size as usize > INLINE_MAX || d.n_extents != 0 || d.ext_block != 0 {
+            // Only a symlink's target is stored inline; a file or directory flagged so
+            // would have its first extents dropped when it is stored again.
+            if d.size as usize > INLINE_MAX || d.n_extents != 0 || d.ext_block != 0 || d.mode & S_IFMT != S_IFLNK {
                 return Err(FormatError::Invalid { what: "inode inline data" });
             }
             d.inline = b[INODE_AREA..INODE_AREA + d.size as usize].to_vec();
@@ -1188,6 +1192,21 @@ mod tests {
         bitmap_seal(&mut b, 3);
         bitmap_check(&b, 3).unwrap();
         assert!(bitmap_check(&b, 4).is_err());
+    }
+
+    /// Regions laid out in order whose sum wraps past u64::MAX: refused, no overflow.
+    #[test]
+    fn superblock_regions_near_the_top_of_u64_are_refused() {
+        let mut sb = Superblock::layout(64, 16, 16, [7; 16], 0).unwrap();
+        let shift = u64::MAX - 10 - sb.journal_blocks;
+        sb.journal_blocks += shift;
+        sb.inode_bitmap_start += shift;
+        sb.block_bitmap_start += shift;
+        sb.inode_table_start += shift;
+        sb.data_start += shift;
+        let mut b = vec![0; BLOCK_SIZE];
+        sb.encode(&mut b);
+        assert!(Superblock::decode(&b).is_err());
     }
 
     proptest! {

@@ -515,6 +515,11 @@ fn read_block(dev: &dyn Device, block: u64) -> Result<AlignedBuf> {
 /// transaction is not part of the file system.
 pub fn scan(dev: &dyn Device, sb: &Superblock) -> Result<Scan> {
     let header = JournalHeader::decode(&read_block(dev, sb.journal_start)?)?;
+    // Sequence numbers count commits from 1: no image comes near 2^63 of them, and one
+    // that says so is damaged (the arithmetic on them below could not overflow).
+    if header.start_seq > u64::MAX / 2 {
+        return Err(Error::corrupt(format!("journal header: sequence number {} out of range", header.start_seq)));
+    }
     let log_start = sb.journal_start + 1;
     let log_len = sb.journal_blocks - 1;
     let mut out = Scan { start_seq: header.start_seq, transactions: Vec::new() };

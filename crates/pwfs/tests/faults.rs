@@ -386,3 +386,115 @@ fn damaged_images_used_without_a_check_never_panic() {
     assert!(panics.is_empty(), "panicked on seeds {panics:?}");
     assert_eq!(THREAD_PANICS.load(std::sync::atomic::Ordering::Relaxed), 0, "an engine thread panicked");
 }
+
+/// Fields a damaged or crafted image can hold that decode on their own but break an
+/// invariant the engine relies on: each is an error (mount refused, fsck finding, or
+/// a corrupt-image errno from the call), never a panic, a hang or silent damage.
+#[test]
+fn crafted_fields_are_errors_not_panics() {
+    use pwfs::format::{self as f, DiskInode, ExtentBlock, JournalHeader, BLOCK};
+    let good = {
+        let dev = Arc::new(MemDevice::from_vec(populated_image()));
+        let fs = Fs::mount(dev.clone(), test_config()).unwrap();
+        fs.create_dir("/e", 0o755).unwrap();
+        fs.unmount().unwrap();
+        dev.snapshot()
+    };
+    let sb = pwfs::fs::read_superblock(&MemDevice::from_vec(good.clone())).unwrap().0;
+    let block = |b: u64| (b * BLOCK) as usize..((b + 1) * BLOCK) as usize;
+    let fs = Fs::mount(Arc::new(MemDevice::from_vec(good.clone())), test_config()).unwrap();
+    let (file, dir) = (fs.metadata("/d/f5").unwrap().ino, fs.metadata("/d").unwrap().ino);
+    drop(fs);
+    let slot = |ino: u64| {
+        let r = block(sb.inode_table_start + (ino - 1) / f::INODES_PER_BLOCK);
+        let off = r.start + ((ino - 1) % f::INODES_PER_BLOCK) as usize * f::INODE_SIZE;
+        off..off + f::INODE_SIZE
+    };
+    let edit = |img: &mut Vec<u8>, ino: u64, change: &dyn Fn(&mut DiskInode)| {
+        let mut d = DiskInode::decode(ino, &img[slot(ino)]).unwrap().unwrap();
+        change(&mut d);
+        d.encode(ino, &mut img[slot(ino)]);
+    };
+    let fsck_finds = |img: &[u8], what: &str| {
+        let r = pwfs::fsck::check(&MemDevice::from_vec(img.to_vec())).unwrap();
+        assert!(!r.is_clean(), "{what}: fsck found nothing");
+    };
+    let checked_mount_refused = |img: &[u8], what: &str| {
+        let dev = Arc::new(MemDevice::from_vec(img.to_vec()));
+        let r = Fs::mount(dev, Config { check_on_mount: MountCheck::Always, ..test_config() });
+        assert!(r.is_err(), "{what}: a checked mount accepted it");
+    };
+
+    // An extent chain block far past the device: fsck reports it (it read it before).
+    let mut img = good.clone();
+    edit(&mut img, file, &|d| {
+        d.n_extents = f::INLINE_EXTENTS as u32 + 1;
+        d.ext_block = 1 << 60;
+    });
+    fsck_finds(&img, "chain block past the device");
+    checked_mount_refused(&img, "chain block past the device");
+
+    // A journal header whose sequence number is at the top of u64.
+    let mut img = good.clone();
+    JournalHeader { start_seq: u64::MAX }.encode(&mut img[block(sb.journal_start)]);
+    checked_mount_refused(&img, "sequence number u64::MAX");
+    assert!(Fs::mount(Arc::new(MemDevice::from_vec(img.clone())), test_config()).is_err());
+    assert!(pwfs::fsck::check(&MemDevice::from_vec(img)).is_err_or_unclean());
+
+    // A regular file flagged as holding inline data: its first write would have stored
+    // extents the inode then dropped.
+    let mut img = good.clone();
+    edit(&mut img, file, &|d| {
+        d.flags |= f::INODE_FLAG_INLINE;
+        d.size = 10;
+        d.n_extents = 0;
+        d.extents.clear();
+        d.inline = vec![1; 10];
+        d.blocks = 0;
+    });
+    assert!(DiskInode::decode(file, &img[slot(file)]).is_err());
+    fsck_finds(&img, "inline regular file");
+
+    // An extent chain whose block points at itself, on an image marked clean (mounted
+    // without the full check): reading the file is an error, and so is unmount or not,
+    // but nothing is freed twice.
+    let mut img = good.clone();
+    let spare = sb.data_end - 8;
+    let k = 2u32;
+    let extents: Vec<f::Extent> = (0..f::EXTENTS_PER_BLOCK as u32)
+        .map(|i| f::Extent { logical: 1000 + i, len: 1, physical: sb.data_end - 9, unwritten: false })
+        .collect();
+    ExtentBlock { ino: file, next: spare, extents }.encode(&mut img[block(spare)]);
+    edit(&mut img, file, &|d| {
+        d.n_extents = f::INLINE_EXTENTS as u32 + k * f::EXTENTS_PER_BLOCK as u32;
+        d.ext_block = spare;
+    });
+    let fs = Fs::mount(Arc::new(MemDevice::from_vec(img.clone())), test_config()).unwrap();
+    let e = fs.read_file("/d/f5").unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Corrupt, "{e}");
+    let _ = fs.unmount();
+    fsck_finds(&img, "extent chain loop");
+
+    // A directory that is its own parent: moving a directory into it must not loop.
+    let mut img = good.clone();
+    edit(&mut img, dir, &|d| d.parent = dir);
+    let fs = Fs::mount(Arc::new(MemDevice::from_vec(img.clone())), test_config()).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let fs2 = fs.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(fs2.rename_path("/e", "/d/e").map_err(|e| e.kind()));
+    });
+    let r = rx.recv_timeout(std::time::Duration::from_secs(60)).expect("rename into a parent loop hung");
+    assert_eq!(r, Err(ErrorKind::Corrupt));
+    let _ = fs.unmount();
+}
+
+trait ErrOrUnclean {
+    fn is_err_or_unclean(&self) -> bool;
+}
+
+impl ErrOrUnclean for pwfs::Result<pwfs::fsck::Report> {
+    fn is_err_or_unclean(&self) -> bool {
+        self.as_ref().map_or(true, |r| !r.is_clean())
+    }
+}

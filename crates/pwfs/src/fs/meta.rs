@@ -445,6 +445,11 @@ impl Meta {
 
     /// Free a run. `journaled` runs held metadata and get a revoke record.
     pub fn free_blocks(&mut self, first: u64, count: u64, journaled: bool) -> Result<()> {
+        // A block an inode maps but the bitmap holds free: the image is damaged (and
+        // the block may be another file's by now).
+        if !self.alloc.all_used(first, count) {
+            return Err(Error::corrupt(format!("freeing blocks {first}+{count}: not all of them are in use")));
+        }
         self.mark_blocks(first, count, false)?;
         self.alloc.free(first, count);
         for b in first..first + count {
@@ -507,6 +512,8 @@ impl Meta {
             if node.chain.len() as u64 > node.d.n_extents as u64 / f::EXTENTS_PER_BLOCK as u64 + 1
                 || next < self.sb.data_start
                 || next >= self.sb.data_end
+                || node.chain.contains(&next)
+                || all.len() > node.d.n_extents as usize
             {
                 return Err(Error::corrupt(format!("inode {ino}: bad extent chain")));
             }
@@ -532,7 +539,28 @@ impl Meta {
             if e.unwritten && node.kind() != f::S_IFREG {
                 return Err(Error::corrupt(format!("inode {ino}: unwritten extent in a file that is not regular")));
             }
-            node.extents.insert(e.logical, Run { len: e.len, phys: e.physical, unwritten: e.unwritten });
+            if node.extents.insert(e.logical, Run { len: e.len, phys: e.physical, unwritten: e.unwritten }).is_some() {
+                return Err(Error::corrupt(format!("inode {ino}: two extents at file block {}", e.logical)));
+            }
+        }
+        // Extents do not overlap, and a directory's cover exactly its size: its blocks
+        // are numbered by entry slot, and one it grows into must be unmapped.
+        let mut end = 0u64;
+        for (&logical, run) in &node.extents {
+            if (logical as u64) < end {
+                return Err(Error::corrupt(format!("inode {ino}: overlapping extents at file block {logical}")));
+            }
+            end = logical as u64 + run.len as u64;
+        }
+        if node.is_dir()
+            && (!node.d.size.is_multiple_of(BLOCK)
+                || node.data_blocks() != node.d.size / BLOCK
+                || end != node.d.size / BLOCK)
+        {
+            return Err(Error::corrupt(format!(
+                "inode {ino}: directory size {} does not match its blocks",
+                node.d.size
+            )));
         }
         // The attribute blocks are what the block count holds beyond data and chain.
         let x = node.d.blocks.checked_sub(node.data_blocks() + node.chain.len() as u64);

@@ -443,7 +443,7 @@ impl Fs {
     /// then it is listed for the next commit to free.
     fn drop_link(m: &mut Meta, ino: u64, is_dir: bool) -> Result<Option<std::sync::Arc<InodeCell>>> {
         let gone = m.update(ino, |node| {
-            node.d.nlink = if is_dir { 0 } else { node.d.nlink - 1 };
+            node.d.nlink = if is_dir { 0 } else { node.d.nlink.saturating_sub(1) };
             node.d.ctime = now();
             node.d.nlink == 0
         })?;
@@ -503,7 +503,7 @@ impl Fs {
                 p.d.mtime = t;
                 p.d.ctime = t;
                 if is_dir {
-                    p.d.nlink -= 1;
+                    p.d.nlink = p.d.nlink.saturating_sub(1);
                 }
             })?;
             if free {
@@ -578,9 +578,16 @@ impl Fs {
     /// detach `moved`'s subtree).
     fn check_not_inside(m: &mut Meta, moved: u64, into: u64) -> Result<()> {
         let mut at = into;
+        // A damaged image can hold a loop of parents: no chain is longer than the
+        // number of inodes.
+        let mut steps = 0u64;
         while at != moved {
             if at == f::ROOT_INO {
                 return Ok(());
+            }
+            steps += 1;
+            if steps > m.sb.inode_count {
+                return Err(Error::corrupt(format!("directory {into}: its parents form a loop")));
             }
             at = m.inode(at)?.d.parent;
         }
@@ -630,12 +637,18 @@ impl Fs {
             if sp != dp {
                 if a_dir {
                     m.inode(a)?.d.parent = dp;
-                    m.inode(sp)?.d.nlink -= 1;
+                    {
+                        let mut n = m.inode(sp)?;
+                        n.d.nlink = n.d.nlink.saturating_sub(1);
+                    }
                     m.inode(dp)?.d.nlink += 1;
                 }
                 if b_dir {
                     m.inode(b)?.d.parent = sp;
-                    m.inode(dp)?.d.nlink -= 1;
+                    {
+                        let mut n = m.inode(dp)?;
+                        n.d.nlink = n.d.nlink.saturating_sub(1);
+                    }
                     m.inode(sp)?.d.nlink += 1;
                 }
             }
@@ -727,7 +740,10 @@ impl Fs {
                     m.dir_replace(dp, dname, src, ftype_of(src_mode))?;
                     let d_dir = m.inode(d)?.is_dir();
                     if d_dir {
-                        m.inode(dp)?.d.nlink -= 1;
+                        {
+                            let mut n = m.inode(dp)?;
+                            n.d.nlink = n.d.nlink.saturating_sub(1);
+                        }
                     }
                     gone = Self::drop_link(m, d, d_dir)?;
                 }
@@ -743,7 +759,10 @@ impl Fs {
                 m.dir_add(sp, sname, w, ftype_of(f::S_IFCHR))?;
             }
             if src_dir && sp != dp {
-                m.inode(sp)?.d.nlink -= 1;
+                {
+                    let mut n = m.inode(sp)?;
+                    n.d.nlink = n.d.nlink.saturating_sub(1);
+                }
                 m.inode(dp)?.d.nlink += 1;
                 m.inode(src)?.d.parent = dp;
             }
