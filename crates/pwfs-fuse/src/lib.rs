@@ -354,14 +354,25 @@ impl PwFuse {
     }
 
     fn forget_n(&self, ino: u64, n: u64) {
-        let mut l = self.lookups.lock().expect("lookup table");
-        if let Some(c) = l.get_mut(&ino) {
-            *c = c.saturating_sub(n);
-            if *c == 0 {
-                l.remove(&ino);
-                self.view.forget(ino);
-                self.fs.release_ino(ino);
+        let last = {
+            let mut l = self.lookups.lock().expect("lookup table");
+            match l.get_mut(&ino) {
+                Some(c) => {
+                    *c = c.saturating_sub(n);
+                    let last = *c == 0;
+                    if last {
+                        l.remove(&ino);
+                        self.view.forget(ino);
+                    }
+                    last
+                }
+                None => false,
             }
+        };
+        // After the table's lock: releasing the last hold of an unlinked inode frees
+        // it, which can wait for a commit, and every entry reply needs the table.
+        if last {
+            self.fs.release_ino(ino);
         }
     }
 }

@@ -46,8 +46,13 @@ impl FsInner {
         if !gone() {
             return Ok(());
         }
-        // No reader inside the file: its pages are dropped for good.
+        // No reader inside the file: its pages are dropped for good. Whoever frees an
+        // inode marks it under this lock: checked again once it is held, since the
+        // number may belong to a new file by now, whose pages are not to be dropped.
         let _io = cell.io.write();
+        if !gone() {
+            return Ok(());
+        }
         let dropped = self.cache.drop_from(ino, 0, cell.pages_end());
         self.forget_pages(dropped);
         let share = self.tx_room() / 4;
@@ -116,11 +121,20 @@ impl FsInner {
                 busy.push(ino);
                 continue;
             };
+            // This cell, checked again now that its lock is held (`free_now` may have
+            // freed it meanwhile, and a new file taken the number: its pages stay).
+            let still = || {
+                let g = cell.lock();
+                !g.freed && g.d.nlink == 0 && cell.opens.load(std::sync::atomic::Ordering::Acquire) == 0
+            };
+            if !still() {
+                continue;
+            }
             // Without the metadata lock: a page being fetched is waited for.
             let dropped = self.cache.drop_from(ino, 0, cell.pages_end());
             self.forget_pages(dropped);
             let mut m = self.meta.lock();
-            if !unlinked(&mut m, ino)? {
+            if !still() {
                 continue;
             }
             let cost = m.free_cost(ino)?;
@@ -397,7 +411,11 @@ impl FsInner {
                 self.tx_room()
             )));
         }
-        let short = m.available() < need.blocks + Self::meta_reserve(m) || (need.inode && m.ifree == 0);
+        // The reserve keeps blocks for the commit's own metadata (extent chains) from
+        // new blocks and inodes; a change that needs neither (a delete, a rename in
+        // place, a chmod) is never refused for space: deleting is how space comes back.
+        let reserve = if need.blocks == 0 && !need.inode { 0 } else { Self::meta_reserve(m) };
+        let short = m.available() < need.blocks + reserve || (need.inode && m.ifree == 0);
         if short {
             // Freed space comes back in stages: an unlinked inode is freed by a
             // commit, and its blocks are free once the commit after it is durable.

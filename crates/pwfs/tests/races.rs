@@ -234,3 +234,73 @@ fn rename_over_a_name_never_hides_it() {
     assert_eq!(u64::from_le_bytes(b), 19_999);
     assert_eq!(fs.metadata("/d/t").unwrap().nlink, 1);
 }
+
+/// A name removed while it is looked up, and its inode number taken at once by a new
+/// file in the same directory (a freed number is the next one its directory hands
+/// out): the lookup answers ENOENT or the named file, never the newcomer.
+#[test]
+fn a_lookup_never_answers_with_the_file_that_took_the_number() {
+    let (_dev, fs) = mem_fs(64 * MIB);
+    fs.create_dir("/d", 0o755).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let fs2 = fs.clone();
+    within(Duration::from_secs(120), "reuse race", move || {
+        let churn: Vec<_> = [("/d/a", 0o600), ("/d/b", 0o640)]
+            .into_iter()
+            .map(|(p, mode)| {
+                let (fs, stop) = (fs2.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        let f = OpenOptions::new().write(true).create_new(true).mode(mode).open(&fs, p).unwrap();
+                        drop(f);
+                        fs.remove_file(p).unwrap();
+                    }
+                })
+            })
+            .collect();
+        let (mut found, mut opened) = (0u64, 0u64);
+        for _ in 0..200_000 {
+            if let Ok(md) = fs2.metadata("/d/a") {
+                assert_eq!(md.permissions() & 0o777, 0o600, "stat of /d/a answered with /d/b's inode");
+                found += 1;
+            }
+            if let Ok(f) = OpenOptions::new().read(true).open(&fs2, "/d/a") {
+                assert_eq!(f.metadata().unwrap().permissions() & 0o777, 0o600, "open of /d/a opened /d/b");
+                opened += 1;
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        for h in churn {
+            h.join().unwrap();
+        }
+        assert!(found > 0 && opened > 0, "the race never found the file ({found}, {opened})");
+    });
+}
+
+/// RENAME_WHITEOUT leaves a whiteout in the source's place in the same change: a
+/// lookup of the source name finds the file or the whiteout, never nothing.
+#[test]
+fn a_whiteout_takes_the_name_without_a_gap() {
+    let (_dev, fs) = mem_fs(64 * MIB);
+    fs.create_dir("/d", 0o755).unwrap();
+    drop(OpenOptions::new().write(true).create_new(true).open(&fs, "/d/s").unwrap());
+    let d = fs.metadata("/d").unwrap().ino;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (fs2, stop2) = (fs.clone(), stop.clone());
+    within(Duration::from_secs(120), "whiteout race", move || {
+        let reader = {
+            let (fs, stop) = (fs2.clone(), stop2.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    fs.metadata("/d/s").expect("the source name must always be there");
+                }
+            })
+        };
+        for _ in 0..20_000 {
+            fs2.rename_whiteout(d, b"s", d, b"t", false, (0, 0)).unwrap();
+            fs2.rename_path("/d/t", "/d/s").unwrap();
+        }
+        stop2.store(true, Ordering::Relaxed);
+        reader.join().unwrap();
+    });
+}

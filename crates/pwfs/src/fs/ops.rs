@@ -102,9 +102,16 @@ impl Fs {
             let ino = self.lookup_ino(parent, name)?;
             let got = self.getattr(ino);
             if tries < LOOKUP_TRIES && !is_dot(name) {
+                // Found again, the name must still lead to this number (a name removed
+                // meanwhile and its number taken by a new file would otherwise answer
+                // with that file); an index no longer in memory is taken at its word.
                 let moved = match &got {
                     Err(e) => e.kind == ErrorKind::NotFound,
-                    Ok(_) => self.lookup_cached(parent, name).is_ok_and(|now| now.is_some_and(|i| i != ino)),
+                    Ok(_) => match self.lookup_cached(parent, name) {
+                        Ok(Some(now)) => now != ino,
+                        Ok(None) => false,
+                        Err(_) => true,
+                    },
                 };
                 if moved {
                     tries += 1;
@@ -455,6 +462,16 @@ impl Fs {
         Ok(None)
     }
 
+    /// Free an inode whose last name a change just removed. The change is done and
+    /// must be reported as done: if freeing fails (no room now, or an error that
+    /// poisons the file system and is reported by the next call), the inode stays
+    /// listed for the commit to free.
+    fn free_after_change(&self, cell: &InodeCell) {
+        if let Err(e) = self.inner.free_now(cell) {
+            tracing::warn!("inode {}: freeing after its last name went failed: {e}", cell.ino);
+        }
+    }
+
     pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
         self.remove(parent, name, false)
     }
@@ -538,7 +555,7 @@ impl Fs {
         drop(m);
         drop(freed_cell);
         if let Some(cell) = gone {
-            self.inner.free_now(&cell)?;
+            self.free_after_change(&cell);
         }
         self.inner.maybe_commit()
     }
@@ -749,14 +766,18 @@ impl Fs {
                 }
                 None => m.dir_add(dp, dname, src, ftype_of(src_mode))?,
             }
-            m.dir_remove(sp, sname)?;
-            if let (Some((uid, gid)), Some(cell)) = (whiteout, white_cell) {
-                let w = m.new_inode(cell, uid, gid, Place::Near(sp))?;
-                m.update(w, |n| {
-                    n.d.nlink = 1;
-                    n.d.rdev = 0;
-                })?;
-                m.dir_add(sp, sname, w, ftype_of(f::S_IFCHR))?;
+            match (whiteout, white_cell) {
+                // The whiteout takes the source's entry in place: a lookup of the name
+                // finds the source or the whiteout, never nothing.
+                (Some((uid, gid)), Some(cell)) => {
+                    let w = m.new_inode(cell, uid, gid, Place::Near(sp))?;
+                    m.update(w, |n| {
+                        n.d.nlink = 1;
+                        n.d.rdev = 0;
+                    })?;
+                    m.dir_replace(sp, sname, w, ftype_of(f::S_IFCHR))?;
+                }
+                _ => m.dir_remove(sp, sname)?,
             }
             if src_dir && sp != dp {
                 {
@@ -777,7 +798,7 @@ impl Fs {
         })?;
         drop(m);
         if let Some(cell) = gone {
-            self.inner.free_now(&cell)?;
+            self.free_after_change(&cell);
         }
         self.inner.maybe_commit()
     }
