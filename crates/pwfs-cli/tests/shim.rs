@@ -168,9 +168,17 @@ fn role_write(path: &Path) {
     unsafe {
         use std::os::fd::AsRawFd;
         let fd = f.as_raw_fd();
-        assert_eq!(libc::lseek(fd, 400_000, libc::SEEK_DATA), -1, "a hole up to the end");
-        assert_eq!(*libc::__errno_location(), libc::ENXIO);
-        assert_eq!(libc::lseek(fd, 0, libc::SEEK_HOLE), 303_104, "the first hole: after the written blocks");
+        if carried() > 0 {
+            // The engine's answer, through the shim.
+            assert_eq!(libc::lseek(fd, 400_000, libc::SEEK_DATA), -1, "a hole up to the end");
+            assert_eq!(*libc::__errno_location(), libc::ENXIO);
+            assert_eq!(libc::lseek(fd, 0, libc::SEEK_HOLE), 303_104, "the first hole: after the written blocks");
+        } else {
+            // Through the kernel's cache: the kernel answers from the size (the mount
+            // cannot see its dirty pages; docs/DECISIONS.md).
+            assert_eq!(libc::lseek(fd, 400_000, libc::SEEK_DATA), 400_000);
+            assert_eq!(libc::lseek(fd, 0, libc::SEEK_HOLE), 1 << 20);
+        }
         assert_eq!(libc::fallocate(fd, 0, 2 << 20, 4096), 0);
         let mut st: libc::stat = std::mem::zeroed();
         assert_eq!(libc::fstat(fd, &mut st), 0);

@@ -353,6 +353,23 @@ impl PwFuse {
         Some(finished)
     }
 
+    /// Drop the kernel's pages (and attributes) of an inode, on another thread: the
+    /// pages of a write being answered are locked until its answer.
+    fn drop_kernel_pages(&self, ino: INodeNo) {
+        if let Some(n) = self.notifier.get().cloned() {
+            let _ = std::thread::Builder::new().name("pwfs-inval".into()).spawn(move || n.inval_inode(ino, 0, 0));
+        }
+    }
+
+    /// The engine changed an inode's attributes without a request that makes the
+    /// kernel drop its copy (an ioctl's new flags set ctime): drop them (offset -1:
+    /// not its pages).
+    fn attrs_changed(&self, ino: INodeNo) {
+        if let Some(n) = self.notifier.get() {
+            let _ = n.inval_inode(ino, -1, 0);
+        }
+    }
+
     fn forget_n(&self, ino: u64, n: u64) {
         let last = {
             let mut l = self.lookups.lock().expect("lookup table");
@@ -926,14 +943,18 @@ impl Filesystem for PwFuse {
             Ok(at) => {
                 reply.written(data.len() as u32);
                 if at != offset {
-                    if let Some(n) = self.notifier.get().cloned() {
-                        let _ = std::thread::Builder::new()
-                            .name("pwfs-inval".into())
-                            .spawn(move || n.inval_inode(ino, 0, 0));
-                    }
+                    self.drop_kernel_pages(ino);
                 }
             }
-            Err(e) => reply.error(errno(e)),
+            Err(e) => {
+                reply.error(errno(e));
+                // A page the kernel wrote back from its cache (a shared mapping's
+                // stores) and the engine refused (an immutable file, no space): the
+                // kernel's copy is not the file's, and must not be read as it.
+                if write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
+                    self.drop_kernel_pages(ino);
+                }
+            }
         }
     }
 
@@ -1057,8 +1078,15 @@ impl Filesystem for PwFuse {
     }
 
     /// lseek(2): the kernel answers SEEK_SET/CUR/END itself and asks for SEEK_DATA and
-    /// SEEK_HOLE.
+    /// SEEK_HOLE. When the kernel caches data, it does not write back its dirty pages
+    /// before it asks (a shared mapping's stores in write-through mode, every buffered
+    /// write in write-back mode), so the engine would call data a hole and `cp` would
+    /// copy zeros: then ENOSYS, and the kernel answers from the size alone from now on
+    /// (the whole file is data), as for any file system without SEEK_DATA.
     fn lseek(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+        if self.cache != KernelCache::Off {
+            return reply.error(Errno::ENOSYS);
+        }
         let Ok(offset) = u64::try_from(offset) else {
             return reply.error(Errno::ENXIO);
         };
@@ -1255,7 +1283,10 @@ impl Filesystem for PwFuse {
                 }
                 // Nothing is copied back (the kernel asks for no output).
                 return match self.fs.set_flags(ino.0, f) {
-                    Ok(()) => reply.ioctl(0, &[]),
+                    Ok(()) => {
+                        self.attrs_changed(ino);
+                        reply.ioctl(0, &[])
+                    }
                     Err(e) => reply.error(errno(e)),
                 };
             }
@@ -1281,7 +1312,10 @@ impl Filesystem for PwFuse {
                     Err(e) => Err(e),
                 };
                 return match r {
-                    Ok(()) => reply.ioctl(0, &[]),
+                    Ok(()) => {
+                        self.attrs_changed(ino);
+                        reply.ioctl(0, &[])
+                    }
                     Err(e) => reply.error(errno(e)),
                 };
             }

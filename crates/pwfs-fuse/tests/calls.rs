@@ -91,13 +91,22 @@ fn fallocate_and_seek_hole_data_through_the_kernel() {
         fallocate(&f, libc::FALLOC_FL_ZERO_RANGE, 9192, 100).unwrap();
         assert!(pread(&f, 100, 9192).iter().all(|b| *b == 0), "{cache:?}");
         assert_eq!(pread(&f, 1, 9292), [1]);
-        // SEEK_DATA/SEEK_HOLE: data at 0, a hole at block 1 (punched whole), data at
-        // block 2, and the preallocated rest is a hole.
-        assert_eq!(seek(&f, 0, libc::SEEK_DATA), Ok(0));
-        assert_eq!(seek(&f, 0, libc::SEEK_HOLE), Ok(4096), "{cache:?}");
-        assert_eq!(seek(&f, 4096, libc::SEEK_DATA), Ok(8192), "{cache:?}");
-        assert_eq!(seek(&f, 8192, libc::SEEK_HOLE), Ok(16384), "{cache:?}");
-        assert_eq!(seek(&f, 16384, libc::SEEK_DATA), Err(libc::ENXIO), "{cache:?}");
+        // SEEK_DATA/SEEK_HOLE without the kernel's cache: data at 0, a hole at block 1
+        // (punched whole), data at block 2, and the preallocated rest is a hole. With
+        // it, the kernel answers from the size (its dirty pages are not the engine's to
+        // see): all data, the one hole at the end.
+        let size: i64 = 16384 + (1 << 20);
+        if cache == KernelCache::Off {
+            assert_eq!(seek(&f, 0, libc::SEEK_DATA), Ok(0));
+            assert_eq!(seek(&f, 0, libc::SEEK_HOLE), Ok(4096), "{cache:?}");
+            assert_eq!(seek(&f, 4096, libc::SEEK_DATA), Ok(8192), "{cache:?}");
+            assert_eq!(seek(&f, 8192, libc::SEEK_HOLE), Ok(16384), "{cache:?}");
+            assert_eq!(seek(&f, 16384, libc::SEEK_DATA), Err(libc::ENXIO), "{cache:?}");
+        } else {
+            assert_eq!(seek(&f, 0, libc::SEEK_DATA), Ok(0));
+            assert_eq!(seek(&f, 0, libc::SEEK_HOLE), Ok(size), "{cache:?}");
+            assert_eq!(seek(&f, 4096, libc::SEEK_DATA), Ok(4096), "{cache:?}");
+        }
         assert_eq!(seek(&f, 1 << 30, libc::SEEK_HOLE), Err(libc::ENXIO));
         // The kernel keeps collapse and insert range from FUSE.
         assert_eq!(fallocate(&f, libc::FALLOC_FL_COLLAPSE_RANGE, 0, 4096), Err(libc::EOPNOTSUPP));
@@ -274,8 +283,16 @@ fn chattr_immutable_and_append_only_through_the_kernel() {
             assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
             String::from_utf8_lossy(&o.stdout).to_string()
         };
+        let before = std::fs::metadata(p("i")).unwrap();
         run(&["chattr", "+i", p("i").to_str().unwrap()]);
         run(&["chattr", "+a", p("a").to_str().unwrap()]);
+        // The flags changed the ctime, and the kernel's cached attributes show it (in
+        // write-back mode the kernel keeps a regular file's times itself and takes
+        // none from the server).
+        let after = std::fs::metadata(p("i")).unwrap();
+        if cache != KernelCache::WriteBack {
+            assert_ne!((after.ctime(), after.ctime_nsec()), (before.ctime(), before.ctime_nsec()), "{cache:?}");
+        }
         let l = run(&["lsattr", p("i").to_str().unwrap()]);
         assert!(l.split_whitespace().next().unwrap().contains('i'), "{cache:?}: lsattr shows {l}");
         let e = |r: std::io::Result<()>| r.err().and_then(|e| e.raw_os_error());
@@ -466,4 +483,54 @@ fn extreme_timestamps_are_kept_and_harm_nothing() {
         assert_eq!(fs.metadata("/f").unwrap().mtime.sec, i64::MIN, "{cache:?}: from the image");
         fs.unmount().unwrap();
     }
+}
+
+/// A shared mapping's stores to an immutable file (write-through mode lets the file be
+/// opened for writing: no open requests) are refused when the kernel writes them
+/// back, and the kernel's copy of the pages is dropped: readers see the file, not the
+/// refused bytes.
+#[test]
+fn refused_mapped_stores_do_not_stay_in_the_kernel_cache() {
+    if !can_mount() {
+        return;
+    }
+    let (dev, fs, dir, mounted) = fresh("immmap", KernelCache::WriteThrough);
+    let path = dir.join("m");
+    std::fs::write(&path, [b'A'; 4096]).unwrap();
+    let o = std::process::Command::new("chattr").arg("+i").arg(&path).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    match std::fs::OpenOptions::new().read(true).write(true).open(&path) {
+        // Refused at open: nothing to map (a kernel or mode that sends opens).
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EPERM)),
+        Ok(f) => unsafe {
+            let map = libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            );
+            assert_ne!(map, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+            std::ptr::write_bytes(map as *mut u8, b'B', 4096);
+            let r = libc::msync(map, 4096, libc::MS_SYNC);
+            assert_eq!((r, last_errno()), (-1, libc::EPERM), "the write-back of an immutable file's page");
+            libc::munmap(map, 4096);
+            drop(f);
+        },
+    }
+    // The pages are dropped on another thread: wait for it (bounded).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let now = std::fs::read(&path).unwrap();
+        if now == [b'A'; 4096] {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "refused stores still read back: {:?}", &now[..8]);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(fs.read_file("/m").unwrap(), [b'A'; 4096]);
+    let o = std::process::Command::new("chattr").arg("-i").arg(&path).output().unwrap();
+    assert!(o.status.success());
+    finish(mounted, fs, &*dev, &dir, "");
 }

@@ -160,8 +160,13 @@ impl FsInner {
     /// already returned with patches on it, the file's next fsync reports the loss.
     fn fail_page(&self, ino: u64, page: &Page) {
         // The patches are taken, so that no one settles them a second time (a truncate
-        // that waited for this page).
-        let lost = std::mem::take(&mut page.lock().patches).iter().map(|p| p.data.len()).sum();
+        // that waited for this page), and the page marked failed under the same lock:
+        // a writer that finds it fetching after this adds no patch to be lost unseen.
+        let lost = {
+            let mut g = page.lock();
+            g.failed = true;
+            std::mem::take(&mut g.patches).iter().map(|p| p.data.len()).sum()
+        };
         if lost > 0 {
             self.settle_patches(lost);
             self.fetch_errors.lock().insert(ino);

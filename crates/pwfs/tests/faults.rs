@@ -56,6 +56,34 @@ fn read_error_is_reported_and_not_fatal() {
     fs.unmount().unwrap();
 }
 
+/// A truncate whose tail page cannot be read fails with EIO and leaves the file as it
+/// was: its dirty pages past the new end (never written back) are still there.
+#[test]
+fn a_truncate_that_cannot_read_its_tail_changes_nothing() {
+    let image = formatted_image(16 * MIB, &MkfsOptions::default());
+    let (dev, fs) = sim_fs(image, SimConfig::default(), test_config());
+    fs.write_file("/f", &vec![7u8; 3 * 4096]).unwrap();
+    fs.sync().unwrap();
+    fs.evict_cache().unwrap();
+    // Dirty pages 2..4 (written whole: no read), page 0 and 1 on disk only.
+    let f = OpenOptions::new().write(true).open(&fs, "/f").unwrap();
+    f.write_at(&vec![9u8; 2 * 4096], 2 * 4096).unwrap();
+    dev.set_config(SimConfig { read_fail: 1.0, ..Default::default() });
+    assert_eq!(errno(f.set_len(4096 + 100)), libc::EIO, "the tail page (1) cannot be read");
+    dev.set_config(SimConfig::default());
+    let mut want = vec![7u8; 2 * 4096];
+    want.extend(vec![9u8; 2 * 4096]);
+    let got = fs.read_file("/f").unwrap();
+    assert!(
+        got == want,
+        "a failed truncate dropped written pages ({} bytes, {} of them 9)",
+        got.len(),
+        got.iter().filter(|b| **b == 9).count()
+    );
+    drop(f);
+    fs.unmount().unwrap();
+}
+
 #[test]
 fn random_faults_never_panic_and_never_lie() {
     for seed in 0..20u64 {

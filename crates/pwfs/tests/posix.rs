@@ -512,3 +512,27 @@ fn tmpfiles_have_no_name_until_linked_and_vanish_otherwise() {
     fsck_clean(&*crashed);
     fsck_clean(&*dev);
 }
+
+/// A directory's noatime flag passes to the files, directories and symlinks made in it
+/// (ext4's inherited flags); immutable and append-only do not.
+#[test]
+fn noatime_is_inherited_from_the_directory() {
+    use pwfs::fs::{FS_APPEND_FL, FS_NOATIME_FL};
+    let (dev, fs) = mem_fs(32 * MIB);
+    let d = fs.create_dir("/d", 0o755).unwrap().ino;
+    fs.set_flags(d, FS_NOATIME_FL).unwrap();
+    fs.write_file("/d/f", b"x").unwrap();
+    fs.create_dir("/d/sub", 0o755).unwrap();
+    fs.symlink_path("f", "/d/l").unwrap();
+    for p in ["/d/f", "/d/sub", "/d/l"] {
+        let ino = fs.symlink_metadata(p).unwrap().ino;
+        assert_eq!(fs.get_flags(ino).unwrap(), FS_NOATIME_FL, "{p}");
+    }
+    fs.write_file("/g", b"x").unwrap();
+    assert_eq!(fs.get_flags(fs.metadata("/g").unwrap().ino).unwrap(), 0, "not from another directory");
+    fs.set_flags(d, FS_NOATIME_FL | FS_APPEND_FL).unwrap();
+    fs.write_file("/d/h", b"x").unwrap();
+    assert_eq!(fs.get_flags(fs.metadata("/d/h").unwrap().ino).unwrap(), FS_NOATIME_FL, "append-only is not inherited");
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}

@@ -304,3 +304,97 @@ fn a_whiteout_takes_the_name_without_a_gap() {
         reader.join().unwrap();
     });
 }
+
+/// O_APPEND writes from two threads never overlap, also when one of them is larger
+/// than the engine's 4 MiB write piece (each piece took the file's lock on its own,
+/// and a small append landing between two pieces was overwritten by the next), and
+/// with a cache far smaller than one write.
+#[test]
+fn large_and_small_appends_do_not_overlap() {
+    let dev = Arc::new(pwfs::device::mem::MemDevice::new(256 * MIB));
+    pwfs::mkfs(&*dev, &pwfs::MkfsOptions::default()).unwrap();
+    let config =
+        pwfs::Config { cache_bytes: 256 * 4096, writeback_interval: Some(Duration::from_millis(3)), ..test_config() };
+    let fs = Fs::mount(dev, config).unwrap();
+    drop(OpenOptions::new().write(true).create_new(true).open(&fs, "/log").unwrap());
+    const BIG: usize = 9 << 20;
+    const SMALL: usize = 100;
+    let fs2 = fs.clone();
+    let bigs = 6usize;
+    let smalls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let smalls2 = smalls.clone();
+    within(Duration::from_secs(300), "append race", move || {
+        let done = Arc::new(AtomicBool::new(false));
+        let small: Vec<_> = (0..2)
+            .map(|_| {
+                let (fs, done, smalls) = (fs2.clone(), done.clone(), smalls2.clone());
+                std::thread::spawn(move || {
+                    let f = OpenOptions::new().append(true).open(&fs, "/log").unwrap();
+                    while !done.load(Ordering::Relaxed) {
+                        assert_eq!(f.write(&[b'z'; SMALL]).unwrap(), SMALL);
+                        smalls.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        let f = OpenOptions::new().append(true).open(&fs2, "/log").unwrap();
+        for i in 0..bigs {
+            assert_eq!(f.write(&vec![b'A' + i as u8; BIG]).unwrap(), BIG);
+        }
+        done.store(true, Ordering::Relaxed);
+        small.into_iter().for_each(|h| h.join().unwrap());
+    });
+    let smalls = smalls.load(Ordering::Relaxed);
+    let data = fs.read_file("/log").unwrap();
+    assert_eq!(data.len(), bigs * BIG + smalls * SMALL);
+    // Runs of one byte value: every big record whole, small ones in multiples of SMALL.
+    let mut at = 0;
+    let mut seen_big = vec![false; bigs];
+    while at < data.len() {
+        let v = data[at];
+        let run = data[at..].iter().take_while(|b| **b == v).count();
+        if v == b'z' {
+            assert_eq!(run % SMALL, 0, "a small append cut at {at}");
+        } else {
+            let i = (v - b'A') as usize;
+            assert!(i < bigs && !seen_big[i], "byte {v} at {at}");
+            assert_eq!(run, BIG, "big append {i} cut at {at}");
+            seen_big[i] = true;
+        }
+        at += run;
+    }
+}
+
+/// A punch (always KEEP_SIZE) racing a truncate never grows the file: it read the
+/// size before taking the file's lock and zeroed its edge block past a size cut
+/// meanwhile. Every size seen is one the writer set.
+#[test]
+fn a_punch_racing_a_truncate_never_grows_the_file() {
+    use pwfs::fs::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE};
+    let (_dev, fs) = mem_fs(64 * MIB);
+    drop(OpenOptions::new().write(true).create_new(true).open(&fs, "/f").unwrap());
+    let stop = Arc::new(AtomicBool::new(false));
+    let (fs2, stop2) = (fs.clone(), stop.clone());
+    within(Duration::from_secs(120), "punch race", move || {
+        let puncher = {
+            let (fs, stop) = (fs2.clone(), stop2.clone());
+            std::thread::spawn(move || {
+                let f = OpenOptions::new().write(true).open(&fs, "/f").unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    f.allocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 100, 3996).unwrap();
+                }
+            })
+        };
+        let f = OpenOptions::new().write(true).open(&fs2, "/f").unwrap();
+        for _ in 0..20_000 {
+            f.write_at(&[5u8; 10_000], 0).unwrap();
+            let size = f.metadata().unwrap().size;
+            assert!(size == 10_000, "size {size} after writing 10,000 bytes at 0");
+            f.set_len(50).unwrap();
+            let size = f.metadata().unwrap().size;
+            assert!(size == 50, "size {size} after a truncate to 50: a punch grew the file");
+        }
+        stop2.store(true, Ordering::Relaxed);
+        puncher.join().unwrap();
+    });
+}

@@ -233,7 +233,11 @@ impl Fs {
                 Some(t) if t.len() > f::INLINE_MAX => Some(m.write_payload_block(t)?),
                 _ => None,
             };
+            // As ext4 (EXT4_FL_INHERITED): a directory's noatime flag passes to what
+            // is made in it.
+            let inherited = m.inode(parent)?.d.flags & f::INODE_FLAG_NOATIME;
             let mut node = m.inode(ino)?;
+            node.d.flags |= inherited;
             node.d.nlink = if is_dir { 2 } else { 1 };
             node.d.rdev = rdev;
             if is_dir {
@@ -1336,19 +1340,37 @@ impl Fs {
         if data.len() <= PIECE {
             return self.write_piece(cell, offset, data, append);
         }
-        let start = self.write_piece(cell, offset, &data[..PIECE], append)?;
-        let mut at = start + PIECE as u64;
-        for piece in data[PIECE..].chunks(PIECE) {
-            self.write_piece(cell, at, piece, false)?;
-            at += piece.len() as u64;
-        }
+        // One hold of the file's lock for all pieces: another append must not land
+        // between two of them (and be overwritten by the next).
+        let start = {
+            let _g = cell.io.write();
+            let start = self.write_locked(cell, offset, &data[..PIECE], append)?;
+            let mut at = start + PIECE as u64;
+            for piece in data[PIECE..].chunks(PIECE) {
+                self.write_locked(cell, at, piece, false)?;
+                at += piece.len() as u64;
+            }
+            start
+        };
+        self.inner.maybe_commit()?;
         Ok(start)
     }
 
     fn write_piece(&self, cell: &InodeCell, offset: u64, data: &[u8], append: bool) -> Result<u64> {
+        let at = {
+            let _g = cell.io.write();
+            self.write_locked(cell, offset, data, append)?
+        };
+        // A commit the write made due runs after the file's lock is let go.
+        self.inner.maybe_commit()?;
+        Ok(at)
+    }
+
+    /// `write_piece` with the file's lock (`io`, for writing) held by the caller, and
+    /// without the commit it may make due (`maybe_commit`: the caller's, after the lock).
+    pub(super) fn write_locked(&self, cell: &InodeCell, offset: u64, data: &[u8], append: bool) -> Result<u64> {
         let ino = cell.ino;
         self.inner.check_writable()?;
-        let _g = cell.io.write();
         let (size, offset, end, stamp) = self.begin_write(cell, offset, data.len() as u64, append)?;
         if data.is_empty() {
             return Ok(offset);
@@ -1522,8 +1544,6 @@ impl Fs {
         }
         drop(_gate);
         result?;
-        drop(_g);
-        self.inner.maybe_commit()?;
         Ok(offset)
     }
 
@@ -1668,8 +1688,6 @@ impl Fs {
             // new end.
             let _c = self.inner.commit_lock.lock();
             let keep = size.div_ceil(BLOCK);
-            let dropped = self.inner.cache.drop_from(ino, keep, cell.pages_end());
-            self.inner.forget_pages(dropped);
             // Bytes past EOF in the last block stay zero on disk and in cache. A tail
             // page in a hole (no block, nothing reserved) is zeros already.
             let hole = |idx: u64| {
@@ -1698,6 +1716,10 @@ impl Fs {
                 drop(g);
                 self.inner.cache.mark_dirty((ino, idx));
             }
+            // The pages past the new end go only now: a failed read of the tail page
+            // above fails the truncate with the file as it was, dirty pages included.
+            let dropped = self.inner.cache.drop_from(ino, keep, cell.pages_end());
+            self.inner.forget_pages(dropped);
             let mut m = self.meta();
             // The zeroed tail page must not overwrite its block in place: until this
             // truncate commits, a crash would show the old size with zeros in it. It

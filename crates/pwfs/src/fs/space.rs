@@ -70,19 +70,22 @@ impl Fs {
                 // As ext4: nothing at or past the end of the file; a hole running
                 // past it ends with the end's block (blocks preallocated beyond it
                 // stay); a punch changes both times.
+                // The file's lock for the whole change, the size read under it: a
+                // truncate or write in between would otherwise see half a punch, or
+                // have the file grown back by the edges' zeros.
+                let _io = cell.io.write();
                 let size = cell.lock().d.size;
                 if offset >= size {
                     return Ok(());
                 }
                 let end = end.min(size.next_multiple_of(BLOCK));
                 self.zero_edges(&cell, offset, end)?;
-                let _io = cell.io.write();
                 self.clear_blocks(&cell, offset.div_ceil(BLOCK), end / BLOCK, false)?;
                 self.set_size_at_least(&cell, 0, false, true)?;
             }
             FALLOC_FL_ZERO_RANGE => {
-                self.zero_edges(&cell, offset, end)?;
                 let _io = cell.io.write();
+                self.zero_edges(&cell, offset, end)?;
                 self.clear_blocks(&cell, offset.div_ceil(BLOCK), end / BLOCK, true)?;
                 self.preallocate(&cell, offset / BLOCK, end.div_ceil(BLOCK))?;
                 // Zeroing changes the data: both times, whatever the size does.
@@ -208,6 +211,7 @@ impl Fs {
 
     /// Zero the bytes of `offset..end` that lie in partial blocks at its edges, up to
     /// the end of the file (past it they are zeros already), where the block holds data.
+    /// The caller holds the file's lock (`io`, for writing).
     fn zero_edges(&self, cell: &InodeCell, offset: u64, end: u64) -> Result<()> {
         let size = cell.size();
         let mut edges = Vec::new();
@@ -230,7 +234,7 @@ impl Fs {
                 node.map_data(i).is_some() || node.reserved.contains(&i) || node.converting.contains(&i)
             };
             if held || self.inner.cache.get((cell.ino, i)).is_some() {
-                self.write_cell(cell, a, &vec![0u8; (b - a) as usize], false)?;
+                self.write_locked(cell, a, &vec![0u8; (b - a) as usize], false)?;
             }
         }
         Ok(())
