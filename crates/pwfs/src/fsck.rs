@@ -276,8 +276,9 @@ pub fn check_with_progress(dev: &dyn Device, progress: &mut dyn FnMut(u64, u64))
     if used_backup {
         repairable(&mut r, "primary superblock is damaged (the backup is intact; a writable mount rewrites it)".into());
     } else {
-        let total = dev.len() / BLOCK;
-        let (b, res) = dev.read((total - 1) * BLOCK, dev.alloc(BLOCK_SIZE));
+        // Where mkfs put it: the image's last block, which is not the device's when
+        // the device grew after mkfs.
+        let (b, res) = dev.read((sb.total_blocks - 1) * BLOCK, dev.alloc(BLOCK_SIZE));
         match res.map_err(|e| e.to_string()).and_then(|_| Superblock::decode(&b).map_err(|e| e.to_string())) {
             // Only the primary's state word is kept up to date.
             Ok(backup) if Superblock { clean: sb.clean, ..backup.clone() } == sb => {}

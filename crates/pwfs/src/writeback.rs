@@ -44,6 +44,9 @@ enum WritebackIo {
 }
 
 pub(crate) fn writeback_thread(fs: Weak<FsInner>, wake: Arc<(Mutex<bool>, Condvar)>, every: std::time::Duration) {
+    // When this thread last committed: a writer that keeps kicking it (a long stream
+    // of writes) must not keep the interval's commit from coming.
+    let mut last_commit = std::time::Instant::now();
     loop {
         {
             let mut stop = wake.0.lock();
@@ -80,14 +83,16 @@ pub(crate) fn writeback_thread(fs: Weak<FsInner>, wake: Arc<(Mutex<bool>, Condva
                 }
             }
             // A commit every interval, and whenever the transaction grew big.
-            if !kicked || inner.commit_due.swap(false, Ordering::AcqRel) {
+            let interval = !kicked || last_commit.elapsed() >= every;
+            if interval || inner.commit_due.swap(false, Ordering::AcqRel) {
                 inner.commit_due.store(false, Ordering::Release);
-                if !kicked {
+                if interval {
                     inner.hitchhike_age();
                 }
                 if let Err(e) = inner.commit() {
                     tracing::error!("periodic commit failed: {e}");
                 }
+                last_commit = std::time::Instant::now();
             }
         }
     }

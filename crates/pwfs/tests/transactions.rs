@@ -598,3 +598,29 @@ fn fdatasync_of_a_directory_commits_its_names() {
     fs.unmount().unwrap();
     fsck_clean(&*dev);
 }
+
+/// A stream of writes that keeps the write-back thread busy freeing the cache (each
+/// write over the pressure mark wakes it early) does not hold off the interval's commit:
+/// what a crash can lose stays bounded by the commit interval.
+#[test]
+fn a_stream_of_writes_does_not_hold_off_the_interval_commit() {
+    let dev = Arc::new(pwfs::device::mem::MemDevice::new(256 * MIB));
+    pwfs::mkfs(&*dev, &pwfs::MkfsOptions::default()).unwrap();
+    let every = std::time::Duration::from_millis(20);
+    let config = pwfs::Config { cache_bytes: 64 * 4096, writeback_interval: Some(every), ..test_config() };
+    let fs = Fs::mount(dev, config).unwrap();
+    let f = pwfs::OpenOptions::new().write(true).create_new(true).open(&fs, "/stream").unwrap();
+    let chunk = vec![7u8; 64 << 10];
+    let before = fs.journal_stats().commits;
+    let start = std::time::Instant::now();
+    let mut at = 0u64;
+    while start.elapsed() < every * 30 {
+        f.write_at(&chunk, at).unwrap();
+        // Over 32 MiB again and again (the image would fill otherwise).
+        at = (at + chunk.len() as u64) % (32 * MIB);
+    }
+    let commits = fs.journal_stats().commits - before;
+    assert!(commits >= 5, "{commits} commits in {:?} of streaming with a {every:?} interval", start.elapsed());
+    drop(f);
+    fs.unmount().unwrap();
+}

@@ -183,17 +183,19 @@ impl UringDevice {
         std::time::Duration::from_nanos(self.spin_ns.load(Ordering::Relaxed))
     }
 
-    /// This thread's ring for this device.
-    fn ring(&self) -> Arc<Ring> {
+    /// This thread's ring for this device; the errno if one cannot be set up (out of
+    /// file descriptors or locked memory): the I/O fails with it, nothing panics.
+    fn ring(&self) -> Result<Arc<Ring>, i32> {
         RINGS.with(|rings| {
             let mut rings = rings.borrow_mut();
             if let Some(r) = rings.iter().find(|r| r.device == self.id) {
-                return r.ring.clone();
+                return Ok(r.ring.clone());
             }
             // Forget rings of devices that are gone before adding one (a handle still
             // waiting on one keeps it alive).
             rings.retain(|r| r.alive.strong_count() > 0);
-            let ring = IoUring::new(self.depth.next_power_of_two()).expect("io_uring_setup");
+            let ring =
+                IoUring::new(self.depth.next_power_of_two()).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
             let iov = libc::iovec { iov_base: self.arena.base() as *mut libc::c_void, iov_len: self.arena.bytes() };
             // SAFETY: the registration pins the arena's pages in the kernel, and fixed
             // entries are built only for buffers of this arena, each holding it mapped.
@@ -219,7 +221,7 @@ impl UringDevice {
                 spin_ns: self.spin_ns.clone(),
             });
             rings.push(ThreadRing { device: self.id, alive: Arc::downgrade(&self.medium), ring: ring.clone() });
-            ring
+            Ok(ring)
         })
     }
 
@@ -232,7 +234,7 @@ impl UringDevice {
     /// Entries in flight on this thread's ring (tests).
     #[cfg(test)]
     pub(crate) fn in_flight(&self) -> u32 {
-        self.ring().state.lock().in_flight
+        self.ring().expect("a ring").state.lock().in_flight
     }
 
     fn entry(&self, ring: &Ring, op: &mut Op, iovs: &mut Iovecs, drain: bool) -> squeue::Entry {
@@ -270,6 +272,11 @@ impl UringDevice {
             (true, false) => opcode::Writev::new(fd, ptr, n).offset(at).rw_flags(dsync).build(),
         }
     }
+}
+
+/// Every op of a batch that could not be started, failed with `errno`.
+fn failed(ops: Vec<Op>, errno: i32) -> Vec<Done> {
+    ops.into_iter().map(|op| Done { bufs: op.bufs, result: Err(DevError::Io(errno)) }).collect()
 }
 
 /// Take what has completed off the completion queue and file it under its batch.
@@ -482,7 +489,10 @@ impl Device for UringDevice {
 
     fn start(&self, mut ops: Vec<Op>) -> Pending {
         assert!(ops.len() <= u32::MAX as usize, "batch too large");
-        let ring = self.ring();
+        let ring = match self.ring() {
+            Ok(ring) => ring,
+            Err(e) => return Pending::ready(failed(ops, e)),
+        };
         let results: Vec<Option<Result<(), DevError>>> =
             ops.iter().map(|op| validate(op, self.medium.len()).err().map(Err)).collect();
         let mut iovs: Vec<Iovecs> = ops.iter().map(|_| Iovecs(Vec::new())).collect();
@@ -528,7 +538,10 @@ impl Device for UringDevice {
         // Ask for more work only when everything so far is on the ring and there is
         // room; the producer runs (and may do I/O of its own, on the same ring) outside
         // the ring's lock.
-        let ring = self.ring();
+        let ring = match self.ring() {
+            Ok(ring) => ring,
+            Err(e) => return std::iter::from_fn(next).flat_map(|ops| failed(ops, e)).collect(),
+        };
         let mut started = Vec::new();
         loop {
             if let Err(e) = ring.wait_until(|st| ring.has_room(st)) {

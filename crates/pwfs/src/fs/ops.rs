@@ -1796,6 +1796,10 @@ impl Fs {
         self.inner.check_alive()?;
         let ticket = self.inner.fsync_ticket(ino);
         let _c = self.inner.commit_lock.lock();
+        // Checked again now that the lock is held: the commit or write-back this call
+        // waited behind may have failed after taking this file's pages and changes
+        // (they look clean and committed from here, and are not durable).
+        self.inner.check_alive()?;
         if self.inner.covered(ticket) {
             return self.inner.check_alive();
         }
@@ -1815,7 +1819,7 @@ impl Fs {
         // everything is durable already (the kernel's FSYNC after an O_DSYNC write the
         // front end already made durable, say).
         if !self.inner.take_unflushed() {
-            return Ok(());
+            return self.inner.check_alive();
         }
         crate::aios::submitting();
         self.inner.dev.flush().map_err(|e| self.inner.poison(e.into()))?;
