@@ -120,6 +120,15 @@ const DIR_BATCH: usize = 128;
 
 type Res<T> = std::result::Result<T, c_int>;
 
+/// An offset, size or length from C: above INT64_MAX it is a negative `off_t` the
+/// caller converted, and EINVAL, as Linux answers for one.
+fn file_offset(n: u64) -> Res<u64> {
+    if n > i64::MAX as u64 {
+        return Err(libc::EINVAL);
+    }
+    Ok(n)
+}
+
 fn errno(e: Error) -> c_int {
     e.errno()
 }
@@ -576,7 +585,11 @@ pub unsafe extern "C" fn pwfs_closedir(dir: *mut pwfs_dir, err: *mut c_int) -> c
         }
         // SAFETY: from `pwfs_opendir`'s Box; the caller gives it up here.
         let d = unsafe { Box::from_raw(dir) };
-        d.open.fetch_sub(1, Ordering::AcqRel);
+        // The directory is let go of before the count says so: an unmount on another
+        // thread that sees no handle finds nothing of this one left.
+        let open = d.open.clone();
+        drop(d);
+        open.fetch_sub(1, Ordering::AcqRel);
         Ok(0)
     })
 }
@@ -712,7 +725,7 @@ pub unsafe extern "C" fn pwfs_pread(
     call(err, -1, || {
         // SAFETY: the caller's handle and buffer (contract).
         let (f, buf) = unsafe { (handle(file)?, bytes_mut(buf, len)?) };
-        Ok(f.file.read_at(buf, offset).map_err(errno)? as ssize_t)
+        Ok(f.file.read_at(buf, file_offset(offset)?).map_err(errno)? as ssize_t)
     })
 }
 
@@ -729,7 +742,7 @@ pub unsafe extern "C" fn pwfs_pwrite(
     call(err, -1, || {
         // SAFETY: the caller's handle and buffer (contract).
         let (f, buf) = unsafe { (handle(file)?, bytes(buf, len)?) };
-        Ok(f.file.write_at(buf, offset).map_err(errno)? as ssize_t)
+        Ok(f.file.write_at(buf, file_offset(offset)?).map_err(errno)? as ssize_t)
     })
 }
 
@@ -783,7 +796,7 @@ pub unsafe extern "C" fn pwfs_fdatasync(file: *mut pwfs_file, err: *mut c_int) -
 pub unsafe extern "C" fn pwfs_ftruncate(file: *mut pwfs_file, size: u64, err: *mut c_int) -> c_int {
     call(err, -1, || {
         // SAFETY: the caller's handle (contract).
-        unsafe { handle(file)? }.file.set_len(size).map_err(errno)?;
+        unsafe { handle(file)? }.file.set_len(file_offset(size)?).map_err(errno)?;
         Ok(0)
     })
 }
@@ -803,7 +816,7 @@ pub unsafe extern "C" fn pwfs_fallocate(
         // SAFETY: the caller's handle (contract).
         let f = unsafe { handle(file)? };
         let mode = u32::try_from(mode).map_err(|_| libc::EINVAL)?;
-        f.file.allocate(mode, offset, len).map_err(errno)?;
+        f.file.allocate(mode, file_offset(offset)?, file_offset(len)?).map_err(errno)?;
         Ok(0)
     })
 }

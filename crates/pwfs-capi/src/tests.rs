@@ -74,3 +74,12 @@ fn open_flags() {
 fn stat_layout_has_no_padding() {
     assert_eq!(std::mem::size_of::<pwfs_stat>(), 3 * 8 + 3 * 8 + 10 * 4);
 }
+
+#[test]
+fn offsets_past_int64_max_are_einval() {
+    assert_eq!(file_offset(0), Ok(0));
+    assert_eq!(file_offset(i64::MAX as u64), Ok(i64::MAX as u64));
+    // An off_t of -1 converted to uint64_t, as a C caller's would be.
+    assert_eq!(file_offset(-1i64 as u64), Err(libc::EINVAL));
+    assert_eq!(file_offset(1 << 63), Err(libc::EINVAL));
+}

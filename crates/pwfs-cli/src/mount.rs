@@ -338,6 +338,19 @@ pub fn remount(mountpoint: &Path, o: &MountOpts) -> Result<(), String> {
 /// -u), then wait for its serving process to flush and exit (up to a minute), so that
 /// the image is clean and free when this returns.
 pub fn umount(mountpoint: &Path) -> Result<(), String> {
+    // Only a pwfs mount (a dead one too, whose path no longer resolves: ENOTCONN), as
+    // umount(8) with a type: another file system at that path is not ours to take down.
+    let at = mountpoint
+        .canonicalize()
+        .or_else(|_| std::path::absolute(mountpoint))
+        .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+    match pwfs_fuse::top_mount(&at) {
+        None => return Err(format!("{}: not mounted", mountpoint.display())),
+        Some(m) if m.fs_type != pwfs_fuse::FS_TYPE => {
+            return Err(format!("{}: not a pwfs mount ({} is mounted there)", mountpoint.display(), m.fs_type))
+        }
+        Some(_) => {}
+    }
     // Asked before the unmount: the serving process answers until it flushes.
     let pid = crate::control::ask(&socket_file(mountpoint), "pid").ok().and_then(|r| r.trim().parse::<i32>().ok());
     let c = CString::new(mountpoint.as_os_str().as_bytes()).map_err(|_| "mount point contains NUL".to_string())?;

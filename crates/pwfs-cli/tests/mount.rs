@@ -25,6 +25,17 @@ fn sigterm_unmounts_cleanly_and_a_second_mount_is_refused() {
     let second = Command::new(PWFS).args(["mount", img.to_str().unwrap(), d.to_str().unwrap()]).output().unwrap();
     assert!(!second.status.success());
     assert!(String::from_utf8_lossy(&second.stderr).contains("in use"), "{}", String::from_utf8_lossy(&second.stderr));
+    // mkfs of the mounted image is refused before it touches the image (it cut the
+    // file to the new size first, under the running mount).
+    let len = std::fs::metadata(&img).unwrap().len();
+    let mkfs = Command::new(PWFS).args(["mkfs", img.to_str().unwrap(), "--size", "8M"]).output().unwrap();
+    assert!(!mkfs.status.success());
+    assert!(String::from_utf8_lossy(&mkfs.stderr).contains("in use"), "{}", String::from_utf8_lossy(&mkfs.stderr));
+    assert_eq!(std::fs::metadata(&img).unwrap().len(), len, "a refused mkfs resized the mounted image");
+    // `pwfs umount` takes down pwfs mounts only.
+    let not_ours = Command::new(PWFS).args(["umount", d.to_str().unwrap()]).output().unwrap();
+    assert!(!not_ours.status.success());
+    assert!(String::from_utf8_lossy(&not_ours.stderr).contains("not mounted"));
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let st = child.wait().unwrap();

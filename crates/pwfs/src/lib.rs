@@ -71,7 +71,15 @@ pub fn device_options(config: &Config) -> UringOptions {
 /// locked exclusively for writing, shared for a read-only `config`.
 pub fn open_device(path: &Path, config: &Config) -> Result<Arc<dyn device::Device>> {
     let opts = device_options(config);
-    let dev = UringDevice::open(path, &opts).map_err(|e| Error::io(format!("cannot open {}: {e}", path.display())))?;
+    let dev = UringDevice::open(path, &opts).map_err(|e| {
+        let what = format!("cannot open {}: {e}", path.display());
+        // In use (another pwfs holds its lock, or a block device is open exclusively
+        // elsewhere): EBUSY, as mount(2) says.
+        match (e.kind(), e.raw_os_error()) {
+            (std::io::ErrorKind::WouldBlock, _) | (_, Some(libc::EBUSY)) => Error::new(ErrorKind::Busy, what),
+            _ => Error::io(what),
+        }
+    })?;
     Ok(Arc::new(dev))
 }
 
@@ -91,6 +99,9 @@ pub fn mkfs_image_with_progress(
 ) -> Result<format::Superblock> {
     use std::os::unix::io::AsRawFd;
     let size = size - size % format::BLOCK;
+    if size < 64 * format::BLOCK {
+        return Err(Error::invalid(format!("an image needs at least 256 KiB, not {size} bytes")));
+    }
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -100,6 +111,11 @@ pub fn mkfs_image_with_progress(
         .map_err(|e| Error::io(format!("cannot create {}: {e}", path.display())))?;
     let meta = file.metadata().map_err(|e| Error::io(e.to_string()))?;
     if meta.file_type().is_file() {
+        // An image in use (mounted) is refused before anything changes it: sizing it
+        // first cut a mounted image short, and the mount then wrote into a file that
+        // no longer held its blocks.
+        device::medium::lock_file(&file, device::medium::Lock::Exclusive)
+            .map_err(|e| Error::new(ErrorKind::Busy, format!("cannot format {}: {e}", path.display())))?;
         file.set_len(size).map_err(|e| Error::io(format!("cannot size {}: {e}", path.display())))?;
         // SAFETY: plain syscall on an fd we own.
         let r = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, size as i64) };

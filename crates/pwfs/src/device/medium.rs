@@ -28,6 +28,36 @@ pub enum Lock {
     Exclusive,
 }
 
+/// Take `lock` on an open image (flock). A lock held a moment after its holder is gone
+/// is let go of: the kernel drops an exited process's io_uring (and the image file it
+/// refers to) asynchronously, and a child between fork and exec holds a copy of every
+/// descriptor. Only a lock that stays held for a second means "in use" (WouldBlock).
+pub fn lock_file(file: &File, lock: Lock) -> std::io::Result<()> {
+    let how = match lock {
+        Lock::None => return Ok(()),
+        Lock::Shared => libc::LOCK_SH,
+        Lock::Exclusive => libc::LOCK_EX,
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    loop {
+        // SAFETY: plain syscall on an fd the caller owns; the lock lives as long as the file.
+        if unsafe { libc::flock(file.as_raw_fd(), how | libc::LOCK_NB) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(e);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::WouldBlock,
+                "the image is in use by another pwfs process (mounted, or being checked)",
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// An image file or a block device.
 pub struct FileMedium {
     file: File,
@@ -38,41 +68,18 @@ pub struct FileMedium {
 impl FileMedium {
     /// Open `path` for reading and writing, with O_DIRECT if `direct`, holding `lock`.
     pub fn open(path: &Path, direct: bool, lock: Lock) -> std::io::Result<FileMedium> {
+        use std::os::unix::fs::FileTypeExt;
         let mut o = OpenOptions::new();
         o.read(true).write(true);
-        if direct {
-            o.custom_flags(libc::O_DIRECT);
+        let mut flags = if direct { libc::O_DIRECT } else { 0 };
+        // A block device is also held exclusively against everything else that opens
+        // it so (a mounted file system, another mkfs): flock only sees pwfs.
+        if lock == Lock::Exclusive && std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device()) {
+            flags |= libc::O_EXCL;
         }
+        o.custom_flags(flags);
         let mut file = o.open(path)?;
-        let how = match lock {
-            Lock::None => None,
-            Lock::Shared => Some(libc::LOCK_SH),
-            Lock::Exclusive => Some(libc::LOCK_EX),
-        };
-        if let Some(how) = how {
-            // A lock held a moment after its holder is gone is let go of: the kernel
-            // drops an exited process's io_uring (and the image file it refers to)
-            // asynchronously, and a child between fork and exec holds a copy of every
-            // descriptor. Only a lock that stays held for a second means "in use".
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
-            loop {
-                // SAFETY: plain syscall on an fd we own; the lock lives as long as the file.
-                if unsafe { libc::flock(file.as_raw_fd(), how | libc::LOCK_NB) } == 0 {
-                    break;
-                }
-                let e = std::io::Error::last_os_error();
-                if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-                    return Err(e);
-                }
-                if std::time::Instant::now() >= deadline {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::WouldBlock,
-                        "the image is in use by another pwfs process (mounted, or being checked)",
-                    ));
-                }
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
-        }
+        lock_file(&file, lock)?;
         let len = file.seek(SeekFrom::End(0))?;
         Ok(FileMedium::new(file, len))
     }
