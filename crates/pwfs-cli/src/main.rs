@@ -290,12 +290,29 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Fsck { image } => {
-            let dev =
-                pwfs::open_device(&image, &Config { cache_bytes: 1 << 20, read_only: true, ..Default::default() })
-                    .map_err(|e| e.to_string())?;
+            // Exit codes as fsck(8) has them: 0 clean, 4 problems left (pwfs never
+            // repairs), 8 the check could not run.
+            let operational = |e: String| {
+                eprintln!("pwfs: {e}");
+                Ok(ExitCode::from(8))
+            };
+            let config = Config { cache_bytes: 1 << 20, read_only: true, ..Default::default() };
+            let dev = match pwfs::open_device(&image, &config) {
+                Ok(dev) => dev,
+                Err(e) => return operational(e.to_string()),
+            };
             let bar = progress::Bar::new("fsck");
-            let r = pwfs::fsck::check_with_progress(&*dev, &mut |d, t| bar.update(d, t))
-                .map_err(|e| format!("{}: {e}", image.display()))?;
+            let r = match pwfs::fsck::check_with_progress(&*dev, &mut |d, t| bar.update(d, t)) {
+                Ok(r) => r,
+                // Not a pwfs image at all: nothing to check (e2fsck's "bad magic", 8).
+                Err(e) if e.kind() == pwfs::ErrorKind::Corrupt && !e.to_string().contains("not a pwfs image") => {
+                    bar.finish();
+                    println!("error: {e}");
+                    println!("{}: damaged", image.display());
+                    return Ok(ExitCode::from(4));
+                }
+                Err(e) => return operational(format!("{}: {e}", image.display())),
+            };
             bar.finish();
             for n in &r.notes {
                 println!("note: {n}");
@@ -315,7 +332,7 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
                 r.blocks_used,
                 if r.is_clean() { "clean".to_string() } else { format!("{} problem(s)", r.errors.len()) }
             );
-            Ok(if r.is_clean() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+            Ok(if r.is_clean() { ExitCode::SUCCESS } else { ExitCode::from(4) })
         }
         Cmd::Info { image } => {
             let config = Config {

@@ -85,7 +85,9 @@ pub fn detach(mp: &Path) {
 
 pub fn fsck(img: &Path) -> (bool, String) {
     let out = Command::new(PWFS).args(["fsck", img.to_str().unwrap()]).output().unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+    // Why it could not check ("in use") is on stderr.
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
 }
 
 pub fn content(i: usize) -> Vec<u8> {
