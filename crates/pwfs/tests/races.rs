@@ -8,23 +8,25 @@ mod common;
 
 use common::*;
 use pwfs::{Fs, OpenOptions};
+use rand::rngs::SmallRng;
+use rand::{Rng as _, SeedableRng};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-/// A small deterministic generator (xorshift64*), one per thread and seed.
-struct Rng(u64);
+/// A seeded generator per thread (the rand crate's), with a pick from a list.
+struct Rng(SmallRng);
 
 impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(SmallRng::seed_from_u64(seed))
+    }
     fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        self.0.gen()
     }
     fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
-        from[(self.next() % from.len() as u64) as usize]
+        from[self.0.gen_range(0..from.len())]
     }
 }
 
@@ -153,7 +155,7 @@ fn shared_namespace_stays_consistent() {
                     let fs = fs2.clone();
                     std::thread::spawn(move || {
                         let seed = round * 131 + t * 7 + 1;
-                        let mut r = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+                        let mut r = Rng::new(seed);
                         let mut done: HashMap<String, u32> = HashMap::new();
                         for i in 0..1500 {
                             let (what, res) = one_op(&fs, &mut r);
