@@ -536,3 +536,59 @@ fn noatime_is_inherited_from_the_directory() {
     fs.unmount().unwrap();
     fsck_clean(&*dev);
 }
+
+/// What the attribute calls answer at their edges, as on ext4: removing an ACL that is
+/// not there succeeds (removing another missing name is ENODATA); names stop at what
+/// one listxattr can return (ENOSPC), and the list still comes back whole.
+#[test]
+fn attribute_edges_match_ext4() {
+    let (dev, fs) = mem_fs(64 * MIB);
+    fs.write_file("/x", b"").unwrap();
+    fs.create_dir("/d", 0o755).unwrap();
+    let (x, d) = (fs.metadata("/x").unwrap().ino, fs.metadata("/d").unwrap().ino);
+    fs.removexattr(x, b"system.posix_acl_access").unwrap();
+    fs.removexattr(d, b"system.posix_acl_default").unwrap();
+    assert_eq!(errno(fs.removexattr(x, b"user.none")), libc::ENODATA);
+    // 200-byte names, 210 bytes each in the list: the 313th would pass 64 KiB.
+    let name = |i: u32| format!("user.{i:04}{}", "n".repeat(191)).into_bytes();
+    let mut n = 0;
+    loop {
+        match fs.setxattr(x, &name(n), b"v", false, false) {
+            Ok(()) => n += 1,
+            Err(e) => {
+                assert_eq!(e.errno(), libc::ENOSPC, "after {n} names");
+                break;
+            }
+        }
+    }
+    assert_eq!(n, 65536 / (200 + 1) as u32, "names stop at one listxattr's worth");
+    let listed = fs.listxattr(x).unwrap();
+    assert_eq!(listed.len(), n as usize);
+    assert!(listed.iter().map(|l| l.len() + 1).sum::<usize>() <= 65536);
+    // Replacing one that is there still works.
+    fs.setxattr(x, &name(0), b"w", false, true).unwrap();
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}
+
+/// fallocate changes the modification and change times whether or not the size grows
+/// (ext4 and XFS: KEEP_SIZE, inside the file, over allocated blocks).
+#[test]
+fn fallocate_sets_both_times() {
+    use pwfs::fs::FALLOC_FL_KEEP_SIZE;
+    let (_dev, fs) = mem_fs(64 * MIB);
+    fs.write_file("/f", &vec![1u8; 64 << 10]).unwrap();
+    let f = OpenOptions::new().write(true).open(&fs, "/f").unwrap();
+    f.set_len(1 << 20).unwrap();
+    for (mode, off) in [(0, 200_000u64), (FALLOC_FL_KEEP_SIZE, 300_000), (FALLOC_FL_KEEP_SIZE, 2_000_000), (0, 200_000)]
+    {
+        let before = f.metadata().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(15));
+        f.allocate(mode, off, 4096).unwrap();
+        let after = f.metadata().unwrap();
+        assert_eq!(after.size, 1 << 20, "mode {mode} at {off}");
+        let t = |t: pwfs::format::Timespec| (t.sec, t.nsec);
+        assert!(t(after.mtime) > t(before.mtime), "mode {mode} at {off}: mtime");
+        assert!(t(after.ctime) > t(before.ctime), "mode {mode} at {off}: ctime");
+    }
+}

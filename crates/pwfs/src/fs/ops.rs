@@ -45,6 +45,9 @@ pub(crate) fn check_name(name: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// The most bytes of attribute names one listxattr returns (Linux's XATTR_LIST_MAX).
+const XATTR_LIST_MAX: usize = 65536;
+
 /// How many times a lookup looks again for a name whose inode went away under it.
 const LOOKUP_TRIES: u32 = 64;
 
@@ -1106,6 +1109,13 @@ impl Fs {
                 },
                 (Err(i), _, _) => {
                     if let Some(v) = keep {
+                        // Every name must still fit one listxattr (XATTR_LIST_MAX): past
+                        // it no program could list or copy the file's attributes. ext4
+                        // stops far earlier (one block), with ENOSPC too.
+                        let listed: usize = entries.iter().map(|(n, _)| n.len() + 1).sum();
+                        if listed + name.len() + 1 > XATTR_LIST_MAX {
+                            return Err(Error::no_space("the attribute names would not fit one listxattr"));
+                        }
                         entries.insert(i, (name.to_vec(), v));
                     }
                 }
@@ -1153,13 +1163,20 @@ impl Fs {
                 false => deny_immutable(&*m.inode(ino)?)?,
             }
             let mut entries = m.xattrs(ino)?;
-            let i = entries
-                .binary_search_by(|(n, _)| n.as_slice().cmp(name))
-                .map_err(|_| Error::new(crate::ErrorKind::NoData, ""))?;
+            let i = match entries.binary_search_by(|(n, _)| n.as_slice().cmp(name)) {
+                Ok(i) => i,
+                // Removing an ACL that is not there (the kernel's way of setting an
+                // empty one, and what `cp -a` does) succeeds, as on ext4.
+                Err(_) if name == perm::ACL_ACCESS || name == perm::ACL_DEFAULT => {
+                    return Ok((Need::tx(TxSize::default()), None));
+                }
+                Err(_) => return Err(Error::new(crate::ErrorKind::NoData, "")),
+            };
             entries.remove(i);
             let (tx, blocks) = m.xattr_cost(ino, &entries)?;
-            Ok((Need { tx, blocks, inode: false }, entries))
+            Ok((Need { tx, blocks, inode: false }, Some(entries)))
         })?;
+        let Some(entries) = entries else { return Ok(()) };
         self.inner.mutate(&mut m, |m| m.set_xattrs(ino, entries))?;
         drop(m);
         self.inner.maybe_commit()

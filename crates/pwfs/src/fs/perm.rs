@@ -148,34 +148,47 @@ impl Acl {
         Ok(Some(Acl(entries)))
     }
 
-    /// The kernel's `posix_acl_valid`, with entries in the order it requires.
+    /// The kernel's `posix_acl_valid`: the owner, named users, the owning group, named
+    /// groups, the mask (required with named entries), other, in that order of tags,
+    /// each of the four single tags once. Named ids are neither sorted nor unique there,
+    /// so not here either (ext4 stores such an ACL as given).
     fn check(entries: &[AclEntry]) -> std::result::Result<(), &'static str> {
-        let mut last: Option<(u16, u32)> = None;
-        let (mut owner, mut group, mut other, mut mask, mut named) = (0, 0, 0, 0, 0);
+        #[derive(PartialEq)]
+        enum State {
+            UserObj,
+            User,
+            Group,
+            Other,
+            Done,
+        }
+        let mut state = State::UserObj;
+        let mut needs_mask = false;
         for e in entries {
             if e.perm & !7 != 0 {
                 return Err("permissions other than rwx");
             }
-            match e.tag {
-                ACL_USER_OBJ => owner += 1,
-                ACL_GROUP_OBJ => group += 1,
-                ACL_OTHER => other += 1,
-                ACL_MASK => mask += 1,
-                ACL_USER | ACL_GROUP => named += 1,
-                _ => return Err("unknown entry tag"),
-            }
-            if let Some(prev) = last {
-                if (e.tag, e.id) <= prev {
-                    return Err("entries out of order or repeated");
+            state = match (e.tag, state) {
+                (ACL_USER_OBJ, State::UserObj) => State::User,
+                (ACL_USER, State::User) => {
+                    needs_mask = true;
+                    State::User
                 }
-            }
-            last = Some((e.tag, e.id));
+                (ACL_GROUP_OBJ, State::User) => State::Group,
+                (ACL_GROUP, State::Group) => {
+                    needs_mask = true;
+                    State::Group
+                }
+                (ACL_MASK, State::Group) => State::Other,
+                (ACL_OTHER, State::Other) => State::Done,
+                (ACL_OTHER, State::Group) if !needs_mask => State::Done,
+                (ACL_USER_OBJ | ACL_USER | ACL_GROUP_OBJ | ACL_GROUP | ACL_MASK | ACL_OTHER, _) => {
+                    return Err("entries out of order, repeated, or named entries without a mask")
+                }
+                _ => return Err("unknown entry tag"),
+            };
         }
-        if owner != 1 || group != 1 || other != 1 {
-            return Err("not exactly one owner, owning group and other entry");
-        }
-        if named > 0 && mask != 1 {
-            return Err("named entries without a mask");
+        if state != State::Done {
+            return Err("no other entry, or entries missing before it");
         }
         Ok(())
     }
@@ -297,6 +310,19 @@ mod tests {
             acl(&[(ACL_USER_OBJ, 7, 0), (ACL_USER, 5, 7), (ACL_GROUP_OBJ, 5, 0), (ACL_OTHER, 0, 0)]),
             acl(&[(ACL_USER_OBJ, 8, 0), (ACL_GROUP_OBJ, 5, 0), (ACL_OTHER, 0, 0)]),
             acl(&[(ACL_GROUP_OBJ, 5, 0), (ACL_USER_OBJ, 7, 0), (ACL_OTHER, 0, 0)]),
+            acl(&[(ACL_USER_OBJ, 7, 0), (ACL_GROUP_OBJ, 5, 0), (0x40, 5, 0), (ACL_OTHER, 0, 0)]),
+            // A single tag twice, and anything after other.
+            acl(&[(ACL_USER_OBJ, 7, 0), (ACL_USER_OBJ, 7, 0), (ACL_GROUP_OBJ, 5, 0), (ACL_OTHER, 0, 0)]),
+            acl(&[(ACL_USER_OBJ, 7, 0), (ACL_GROUP_OBJ, 5, 0), (ACL_MASK, 5, 0), (ACL_MASK, 5, 0), (ACL_OTHER, 0, 0)]),
+            acl(&[(ACL_USER_OBJ, 7, 0), (ACL_GROUP_OBJ, 5, 0), (ACL_OTHER, 0, 0), (ACL_OTHER, 0, 0)]),
+            acl(&[(ACL_USER_OBJ, 7, 0), (ACL_GROUP_OBJ, 5, 0), (ACL_OTHER, 0, 0), (ACL_USER, 5, 7)]),
+        ];
+        for b in bad {
+            assert_eq!(Acl::decode(&b).unwrap_err().errno(), libc::EINVAL, "{b:?}");
+        }
+        // Named ids repeated or unsorted: the kernel's rule (posix_acl_valid) checks the
+        // order of tags only, and ext4 stores such an ACL as given.
+        for ok in [
             acl(&[
                 (ACL_USER_OBJ, 7, 0),
                 (ACL_USER, 5, 7),
@@ -305,10 +331,20 @@ mod tests {
                 (ACL_MASK, 5, 0),
                 (ACL_OTHER, 0, 0),
             ]),
-            acl(&[(ACL_USER_OBJ, 7, 0), (ACL_GROUP_OBJ, 5, 0), (0x40, 5, 0), (ACL_OTHER, 0, 0)]),
-        ];
-        for b in bad {
-            assert_eq!(Acl::decode(&b).unwrap_err().errno(), libc::EINVAL, "{b:?}");
+            acl(&[
+                (ACL_USER_OBJ, 7, 0),
+                (ACL_USER, 5, 1000),
+                (ACL_USER, 5, 100),
+                (ACL_GROUP_OBJ, 5, 0),
+                (ACL_GROUP, 5, 9),
+                (ACL_GROUP, 5, 3),
+                (ACL_MASK, 5, 0),
+                (ACL_OTHER, 0, 0),
+            ]),
+            // A mask without named entries is allowed.
+            acl(&[(ACL_USER_OBJ, 7, 0), (ACL_GROUP_OBJ, 5, 0), (ACL_MASK, 5, 0), (ACL_OTHER, 0, 0)]),
+        ] {
+            assert!(Acl::decode(&ok).unwrap().is_some(), "{ok:?}");
         }
     }
 

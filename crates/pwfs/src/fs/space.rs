@@ -64,7 +64,8 @@ impl Fs {
             0 => {
                 let _io = cell.io.write();
                 self.preallocate(&cell, offset / BLOCK, end.div_ceil(BLOCK))?;
-                self.set_size_at_least(&cell, end, mode & FALLOC_FL_KEEP_SIZE == 0, false)?;
+                // Both times, whether the size grows or not, as ext4 and XFS do.
+                self.set_size_at_least(&cell, end, mode & FALLOC_FL_KEEP_SIZE == 0, true)?;
             }
             FALLOC_FL_PUNCH_HOLE => {
                 // As ext4: nothing at or past the end of the file; a hole running
