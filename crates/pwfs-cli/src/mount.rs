@@ -32,7 +32,9 @@ fn block_signals() -> libc::sigset_t {
 
 /// Fork; the parent waits until the child reports the mount and exits with its
 /// status. Returns the pipe the child reports on.
-fn daemonize() -> Result<std::fs::File, String> {
+/// `failed`: the waiting parent's exit code when the mount fails (mount(8)'s 32 for
+/// the mount helper).
+fn daemonize(failed: i32) -> Result<std::fs::File, String> {
     let mut fds = [0; 2];
     // SAFETY: pipe/fork/setsid before any thread exists (called first thing).
     unsafe {
@@ -56,7 +58,7 @@ fn daemonize() -> Result<std::fs::File, String> {
                     std::process::exit(0);
                 }
                 eprint!("{msg}");
-                std::process::exit(2);
+                std::process::exit(failed);
             }
         }
     }
@@ -106,12 +108,14 @@ pub struct MountArgs {
 }
 
 pub fn run(a: &MountArgs) -> Result<ExitCode, String> {
-    let mut report = if a.daemon { Some(daemonize()?) } else { None };
+    // The mount helper answers mount(8): 32 is "mount failure".
+    let failed = if a.create { 2 } else { 32 };
+    let mut report = if a.daemon { Some(daemonize(failed)?) } else { None };
     let result = serve(a, &mut report);
     if let (Err(e), Some(p)) = (&result, report.as_mut()) {
         // The waiting parent prints it and exits non-zero.
         let _ = writeln!(p, "pwfs: {e}");
-        std::process::exit(2);
+        std::process::exit(failed);
     }
     result
 }

@@ -298,6 +298,13 @@ fn mount_8_fstab_remount_and_both_unmounts_leave_a_clean_image() {
     let (ok, out) = run("mount", &["-t", "fuse.pwfs", img_s, mp_s, "-o", "cache=16M,bogus"]);
     assert!(!ok && out.contains("unknown mount option \"bogus\""), "{out}");
     assert!(!mounted(&mp));
+    // A mount that fails once under way (not a pwfs image): mount(8)'s "mount failure".
+    let junk = mp.with_extension("junk");
+    std::fs::write(&junk, vec![0u8; 1 << 20]).unwrap();
+    let st = Command::new("mount").args(["-t", "fuse.pwfs", junk.to_str().unwrap(), mp_s]).output().unwrap();
+    assert_eq!(st.status.code(), Some(32), "{}", String::from_utf8_lossy(&st.stderr));
+    std::fs::remove_file(&junk).unwrap();
+    assert!(!mounted(&mp));
 
     // mount(8) runs the helper, which returns once the mount is up.
     let (ok, out) = run("mount", &["-t", "fuse.pwfs", img_s, mp_s, "-o", "defaults,cache=16M,noatime,nofail,x-a=b"]);
