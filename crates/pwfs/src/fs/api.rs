@@ -491,23 +491,27 @@ impl Fs {
     /// or give its number to another file. Returns its attributes at the time it was
     /// held and the handle that holds it.
     fn pin(&self, path: &[u8], follow: bool) -> Result<(Metadata, Pin<'_>)> {
-        let mut tries = 0;
-        loop {
-            let md = self.resolve_md(path, follow)?;
-            match self.open_cell(md.ino) {
-                Ok((held, cell)) if held.generation == md.generation => {
-                    return Ok((held, Pin::new(self, cell)));
-                }
-                // The name's inode went away after the walk found it (and its number
-                // may have been taken by another): walk again.
-                Ok((_, cell)) => self.release_cell(&cell),
-                Err(e) if e.kind == ErrorKind::NotFound && tries < PIN_TRIES => {}
-                Err(e) => return Err(e),
+        for _ in 0..PIN_TRIES {
+            // The name's inode can go after the walk found it (and its number be taken
+            // by another): then walk again.
+            if let Some(held) = self.hold(&self.resolve_md(path, follow)?)? {
+                return Ok(held);
             }
-            tries += 1;
-            if tries > PIN_TRIES {
-                return Err(Error::not_found("the name kept changing while it was looked up"));
+        }
+        Err(Error::not_found("the name kept changing while it was looked up"))
+    }
+
+    /// Hold the inode `md` describes, if it is still that inode (its number not freed,
+    /// nor given to another: same generation); `None` if it went away.
+    fn hold(&self, md: &Metadata) -> Result<Option<(Metadata, Pin<'_>)>> {
+        match self.open_cell(md.ino) {
+            Ok((held, cell)) if held.generation == md.generation => Ok(Some((held, Pin::new(self, cell)))),
+            Ok((_, cell)) => {
+                self.release_cell(&cell);
+                Ok(None)
             }
+            Err(e) if e.kind == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
         }
     }
 
@@ -541,16 +545,11 @@ impl Fs {
             let (parent, name) = self.resolve_parent(path)?;
             let made =
                 self.mknod(parent.ino(), name, f::S_IFREG | (o.mode & 0o7777), 0, &Creator::new(o.uid, o.gid))?;
-            match self.open_cell(made.ino) {
-                Ok((md, cell)) if md.generation == made.generation => Ok((md, Pin::new(self, cell), true)),
-                // Removed (and its number taken) before it could be held: as if it
-                // had been removed right after this open.
-                Ok((_, cell)) => {
-                    self.release_cell(&cell);
-                    Err(Error::not_found("the new file was removed while it was opened"))
-                }
-                Err(e) => Err(e),
-            }
+            // Removed (and its number taken) before it could be held: as if it had
+            // been removed right after this open.
+            let (md, pin) =
+                self.hold(&made)?.ok_or_else(|| Error::not_found("the new file was removed while it was opened"))?;
+            Ok((md, pin, true))
         };
         let (md, pin, created) = if o.create_new {
             create()?

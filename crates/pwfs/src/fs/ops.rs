@@ -469,6 +469,14 @@ impl Fs {
         Ok(None)
     }
 
+    /// Directory `dir` lost a subdirectory (its `..` no longer links it). A damaged
+    /// image's count of 0 stays 0 instead of wrapping.
+    fn lose_subdir(m: &mut Meta, dir: u64) -> Result<()> {
+        let mut n = m.inode(dir)?;
+        n.d.nlink = n.d.nlink.saturating_sub(1);
+        Ok(())
+    }
+
     /// Free an inode whose last name a change just removed. The change is done and
     /// must be reported as done: if freeing fails (no room now, or an error that
     /// poisons the file system and is reported by the next call), the inode stays
@@ -661,18 +669,12 @@ impl Fs {
             if sp != dp {
                 if a_dir {
                     m.inode(a)?.d.parent = dp;
-                    {
-                        let mut n = m.inode(sp)?;
-                        n.d.nlink = n.d.nlink.saturating_sub(1);
-                    }
+                    Self::lose_subdir(m, sp)?;
                     m.inode(dp)?.d.nlink += 1;
                 }
                 if b_dir {
                     m.inode(b)?.d.parent = sp;
-                    {
-                        let mut n = m.inode(dp)?;
-                        n.d.nlink = n.d.nlink.saturating_sub(1);
-                    }
+                    Self::lose_subdir(m, dp)?;
                     m.inode(sp)?.d.nlink += 1;
                 }
             }
@@ -764,10 +766,7 @@ impl Fs {
                     m.dir_replace(dp, dname, src, ftype_of(src_mode))?;
                     let d_dir = m.inode(d)?.is_dir();
                     if d_dir {
-                        {
-                            let mut n = m.inode(dp)?;
-                            n.d.nlink = n.d.nlink.saturating_sub(1);
-                        }
+                        Self::lose_subdir(m, dp)?;
                     }
                     gone = Self::drop_link(m, d, d_dir)?;
                 }
@@ -787,10 +786,7 @@ impl Fs {
                 _ => m.dir_remove(sp, sname)?,
             }
             if src_dir && sp != dp {
-                {
-                    let mut n = m.inode(sp)?;
-                    n.d.nlink = n.d.nlink.saturating_sub(1);
-                }
+                Self::lose_subdir(m, sp)?;
                 m.inode(dp)?.d.nlink += 1;
                 m.inode(src)?.d.parent = dp;
             }
@@ -1354,37 +1350,27 @@ impl Fs {
     /// admitted into the journal on its own (what one piece reserves always fits).
     pub(crate) fn write_cell(&self, cell: &InodeCell, offset: u64, data: &[u8], append: bool) -> Result<u64> {
         const PIECE: usize = 4 << 20;
-        if data.len() <= PIECE {
-            return self.write_piece(cell, offset, data, append);
-        }
         // One hold of the file's lock for all pieces: another append must not land
         // between two of them (and be overwritten by the next).
         let start = {
             let _g = cell.io.write();
-            let start = self.write_locked(cell, offset, &data[..PIECE], append)?;
-            let mut at = start + PIECE as u64;
-            for piece in data[PIECE..].chunks(PIECE) {
+            let first = data.len().min(PIECE);
+            let start = self.write_locked(cell, offset, &data[..first], append)?;
+            let mut at = start + first as u64;
+            for piece in data[first..].chunks(PIECE) {
                 self.write_locked(cell, at, piece, false)?;
                 at += piece.len() as u64;
             }
             start
         };
+        // A commit the write made due runs after the file's lock is let go.
         self.inner.maybe_commit()?;
         Ok(start)
     }
 
-    fn write_piece(&self, cell: &InodeCell, offset: u64, data: &[u8], append: bool) -> Result<u64> {
-        let at = {
-            let _g = cell.io.write();
-            self.write_locked(cell, offset, data, append)?
-        };
-        // A commit the write made due runs after the file's lock is let go.
-        self.inner.maybe_commit()?;
-        Ok(at)
-    }
-
-    /// `write_piece` with the file's lock (`io`, for writing) held by the caller, and
-    /// without the commit it may make due (`maybe_commit`: the caller's, after the lock).
+    /// A write of at most one piece, with the file's lock (`io`, for writing) held by
+    /// the caller, and without the commit it may make due (`maybe_commit`: the
+    /// caller's, after the lock).
     pub(super) fn write_locked(&self, cell: &InodeCell, offset: u64, data: &[u8], append: bool) -> Result<u64> {
         let ino = cell.ino;
         self.inner.check_writable()?;
@@ -1818,7 +1804,7 @@ impl Fs {
         // (they look clean and committed from here, and are not durable).
         self.inner.check_alive()?;
         if self.inner.covered(ticket) {
-            return self.inner.check_alive();
+            return Ok(());
         }
         // This file's pages only: write-back may allocate (and so set
         // `data_meta_dirty`), which then needs the commit, which writes whatever else
