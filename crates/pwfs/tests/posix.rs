@@ -592,3 +592,98 @@ fn fallocate_sets_both_times() {
         assert!(t(after.ctime) > t(before.ctime), "mode {mode} at {off}: ctime");
     }
 }
+
+/// Names ending in '/' through the path calls, as the kernel's path walk treats them
+/// (errno values checked against Linux 6.18): the slash asks for a directory.
+#[test]
+fn a_trailing_slash_asks_for_a_directory() {
+    let (dev, fs) = mem_fs(16 * MIB);
+    fs.write_file("/f", b"x").unwrap();
+    fs.create_dir("/d", 0o755).unwrap();
+    fs.create_dir("/d/sub", 0o755).unwrap();
+    fs.symlink_path("d", "/ld").unwrap();
+    assert_eq!(errno(fs.remove_file("/f/")), libc::ENOTDIR);
+    assert_eq!(errno(fs.remove_file("/d/")), libc::EISDIR);
+    assert_eq!(errno(fs.remove_file("/nope/")), libc::ENOENT);
+    assert_eq!(errno(fs.rename_path("/f", "/g/")), libc::ENOTDIR);
+    assert_eq!(errno(fs.rename_path("/f/", "/g")), libc::ENOTDIR);
+    assert_eq!(errno(fs.rename_path("/ld/", "/l2")), libc::ENOTDIR, "the symlink is not moved");
+    assert_eq!(errno(fs.hard_link("/f", "/new/")), libc::ENOENT);
+    assert_eq!(errno(fs.hard_link("/f", "/d/")), libc::EEXIST);
+    assert_eq!(errno(fs.symlink_path("x", "/new/")), libc::ENOENT);
+    assert_eq!(errno(OpenOptions::new().write(true).create(true).open(&fs, "/new/")), libc::EISDIR);
+    assert_eq!(errno(OpenOptions::new().write(true).create_new(true).open(&fs, "/new/")), libc::EISDIR);
+    assert!(fs.symlink_metadata("/ld/").unwrap().is_dir(), "a slash follows the last symlink");
+    assert_eq!(errno(fs.symlink_metadata("/f/")), libc::ENOTDIR);
+    for name in ["/f", "/d", "/ld"] {
+        fs.symlink_metadata(name).unwrap();
+    }
+    for name in ["/g", "/l2", "/new"] {
+        assert_eq!(errno(fs.symlink_metadata(name)), libc::ENOENT, "{name} was made");
+    }
+    // What a slash allows: directories.
+    fs.rename_path("/d/sub/", "/d2/").unwrap();
+    fs.create_dir("/d3/", 0o755).unwrap();
+    fs.remove_dir("/d3/").unwrap();
+    assert!(fs.metadata("/d2").unwrap().is_dir());
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}
+
+/// Directory edges where the engine's API answered otherwise than Linux.
+#[test]
+fn directory_edges_match_linux() {
+    let (dev, fs) = mem_fs(16 * MIB);
+    // mkdir keeps no set-user-ID or set-group-ID the caller asked for (vfs_mkdir);
+    // the sticky bit stays.
+    let md = fs.create_dir("/s", 0o6755).unwrap();
+    assert_eq!(md.mode & 0o7777, 0o755);
+    assert_eq!(fs.create_dir("/t", 0o1777).unwrap().mode & 0o7777, 0o1777);
+    // A file renamed onto a directory that holds it: the kernel's "trap", ENOTEMPTY.
+    fs.create_dir("/s/in", 0o755).unwrap();
+    fs.write_file("/s/in/x", b"x").unwrap();
+    let s = fs.resolve("/s", false).unwrap();
+    let root = fs.resolve("/", false).unwrap();
+    let sin = fs.resolve("/s/in", false).unwrap();
+    assert_eq!(errno(fs.rename(sin, b"x", s, b"in", false)), libc::ENOTEMPTY);
+    assert_eq!(errno(fs.rename(sin, b"x", root, b"s", false)), libc::ENOTEMPTY);
+    fs.create_dir("/e", 0o755).unwrap();
+    assert_eq!(errno(fs.rename(sin, b"x", root, b"e", false)), libc::EISDIR, "not an ancestor");
+    // RENAME_NOREPLACE onto "." or "..": EEXIST; a dot source stays EBUSY.
+    assert_eq!(errno(fs.rename(sin, b"x", sin, b"..", true)), libc::EEXIST);
+    assert_eq!(errno(fs.rename(sin, b"x", sin, b"..", false)), libc::EBUSY);
+    assert_eq!(errno(fs.rename(sin, b".", s, b"y", true)), libc::EBUSY);
+    // A removed directory lists nothing, not even "." and "..".
+    let gone = fs.create_dir("/s/gone", 0o755).unwrap().ino;
+    let held = OpenOptions::new().read(true).open(&fs, "/s/gone").unwrap();
+    assert_eq!(fs.readdir(gone, 0, 10).unwrap().len(), 2);
+    fs.remove_dir("/s/gone").unwrap();
+    assert_eq!(fs.readdir(gone, 0, 10).unwrap().len(), 0);
+    drop(held);
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}
+
+/// O_CREAT through a symlink whose target does not exist creates the target, as on
+/// Linux; O_EXCL does not follow (EEXIST), and a loop of links is ELOOP.
+#[test]
+fn o_creat_through_a_dangling_symlink_creates_its_target() {
+    let (dev, fs) = mem_fs(16 * MIB);
+    fs.create_dir("/d", 0o755).unwrap();
+    fs.symlink_path("t1", "/l1").unwrap();
+    fs.symlink_path("../t2", "/d/l2").unwrap();
+    fs.symlink_path("/d/l2", "/l3").unwrap();
+    let rw = || OpenOptions::new().write(true).create(true).clone();
+    rw().open(&fs, "/l1").unwrap().write_at(b"one", 0).unwrap();
+    assert_eq!(fs.read_file("/t1").unwrap(), b"one");
+    rw().open(&fs, "/l3").unwrap().write_at(b"two", 0).unwrap();
+    assert_eq!(fs.read_file("/t2").unwrap(), b"two", "through two links, the second relative");
+    fs.symlink_path("t4", "/l4").unwrap();
+    assert_eq!(errno(OpenOptions::new().write(true).create_new(true).open(&fs, "/l4")), libc::EEXIST);
+    assert_eq!(errno(fs.symlink_metadata("/t4")), libc::ENOENT);
+    fs.symlink_path("/m2", "/m1").unwrap();
+    fs.symlink_path("/m1", "/m2").unwrap();
+    assert_eq!(errno(rw().open(&fs, "/m1")), libc::ELOOP);
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}

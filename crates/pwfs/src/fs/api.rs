@@ -422,14 +422,23 @@ impl Drop for Pin<'_> {
     }
 }
 
+/// The path without its trailing slashes ("/" stays "/").
+fn trim_slashes(path: &[u8]) -> &[u8] {
+    let mut end = path.len();
+    while end > 1 && path[end - 1] == b'/' {
+        end -= 1;
+    }
+    &path[..end]
+}
+
+/// Whether a name ends the path with a slash after it ("d/", not "/"): the path
+/// asks for a directory.
+fn trailing_slash(path: &[u8]) -> bool {
+    trim_slashes(path).len() < path.len()
+}
+
 fn split_last(path: &[u8]) -> Result<(&[u8], &[u8])> {
-    let trimmed = {
-        let mut end = path.len();
-        while end > 1 && path[end - 1] == b'/' {
-            end -= 1;
-        }
-        &path[..end]
-    };
+    let trimmed = trim_slashes(path);
     match trimmed.iter().rposition(|c| *c == b'/') {
         Some(i) => Ok((&trimmed[..i + 1], &trimmed[i + 1..])),
         None => Ok((b"", trimmed)),
@@ -446,6 +455,9 @@ impl Fs {
         let mut cur = if path.starts_with(b"/") { f::ROOT_INO } else { start };
         let comps: Vec<&[u8]> = path.split(|c| *c == b'/').filter(|c| !c.is_empty()).collect();
         let mut found = None;
+        // A trailing slash follows a symlink in the last component, as the kernel's
+        // LOOKUP_DIRECTORY does (lstat("link/") is the directory's).
+        let follow_last = follow_last || path.ends_with(b"/");
         for (i, c) in comps.iter().enumerate() {
             let last = i + 1 == comps.len();
             let md = self.lookup(cur, c)?;
@@ -531,13 +543,21 @@ impl Fs {
     }
 
     pub fn open(&self, path: impl AsRef<[u8]>, o: &OpenOptions) -> Result<File> {
-        let path = path.as_ref();
+        self.open_following(path.as_ref(), o, 0)
+    }
+
+    /// `open`, `depth` dangling symlinks into an O_CREAT.
+    fn open_following(&self, path: &[u8], o: &OpenOptions, depth: u32) -> Result<File> {
         let writable = o.write || o.append;
         if !o.read && !writable {
             return Err(Error::invalid("open for neither reading nor writing"));
         }
         if (o.create || o.create_new || o.truncate) && !writable {
             return Err(Error::invalid("O_CREAT or O_TRUNC without write access"));
+        }
+        // As the kernel's open_last_lookups, whether the name exists or not.
+        if (o.create || o.create_new) && trailing_slash(path) {
+            return Err(Error::is_dir("O_CREAT of a name ending in '/'"));
         }
         // Whether this open created the file (then O_TRUNC has nothing to do: it is
         // empty, and its times are the creation's).
@@ -559,10 +579,15 @@ impl Fs {
                 Err(e) if e.kind == ErrorKind::NotFound && o.create => match create() {
                     Ok(made) => made,
                     // Lost a race with another creator, or a dangling symlink.
-                    Err(e2) if e2.kind == ErrorKind::Exists => {
-                        let (md, pin) = self.pin(path, !o.nofollow)?;
-                        (md, pin, false)
-                    }
+                    Err(e2) if e2.kind == ErrorKind::Exists => match self.pin(path, !o.nofollow) {
+                        Ok((md, pin)) => (md, pin, false),
+                        Err(e3) if e3.kind == ErrorKind::NotFound && !o.nofollow => {
+                            // As Linux: O_CREAT through a dangling symlink creates its
+                            // target (O_EXCL does not follow: EEXIST above).
+                            return self.create_through_link(path, o, depth);
+                        }
+                        Err(e3) => return Err(e3),
+                    },
                     Err(e2) => return Err(e2),
                 },
                 Err(e) => return Err(e),
@@ -580,6 +605,29 @@ impl Fs {
             self.truncate(ino, 0)?;
         }
         Ok(file)
+    }
+
+    /// O_CREAT of `path`, a symlink whose target does not exist: open (and create)
+    /// the target, relative to the link's directory.
+    fn create_through_link(&self, path: &[u8], o: &OpenOptions, depth: u32) -> Result<File> {
+        if depth >= MAX_SYMLINKS {
+            return Err(Error::is_loop("too many levels of symbolic links"));
+        }
+        let (md, _pin) = self.pin(path, false)?;
+        if md.kind != FileType::Symlink {
+            // Made by another in the meantime: open what is there now.
+            return self.open_following(path, o, depth + 1);
+        }
+        let target = self.readlink(md.ino)?;
+        let full = if target.starts_with(b"/") {
+            target
+        } else {
+            let (dir, _) = split_last(path)?;
+            let mut full = if dir.is_empty() { Vec::new() } else { dir.to_vec() };
+            full.extend_from_slice(&target);
+            full
+        };
+        self.open_following(&full, o, depth + 1)
     }
 
     /// A handle on the open regular file `ino`, for a front end that checked the
@@ -618,24 +666,59 @@ impl Fs {
     }
 
     pub fn remove_file(&self, path: impl AsRef<[u8]>) -> Result<()> {
-        let (parent, name) = self.resolve_parent(path.as_ref()).map_err(|e| busy_is(e, ErrorKind::IsDir))?;
+        let path = path.as_ref();
+        if trailing_slash(path) {
+            // "f/" is ENOTDIR (a directory is refused by unlink itself: EISDIR).
+            self.must_be_dir(path)?;
+        }
+        let (parent, name) = self.resolve_parent(path).map_err(|e| busy_is(e, ErrorKind::IsDir))?;
         self.unlink(parent.ino(), name)
     }
 
     pub fn rename_path(&self, from: impl AsRef<[u8]>, to: impl AsRef<[u8]>) -> Result<()> {
-        let (sp, sname) = self.resolve_parent(from.as_ref())?;
-        let (dp, dname) = self.resolve_parent(to.as_ref())?;
+        let (from, to) = (from.as_ref(), to.as_ref());
+        if trailing_slash(from) || trailing_slash(to) {
+            // As the kernel's do_renameat2: a slash on either name moves directories only.
+            self.must_be_dir(from)?;
+        }
+        let (sp, sname) = self.resolve_parent(from)?;
+        let (dp, dname) = self.resolve_parent(to)?;
         self.rename(sp.ino(), sname, dp.ino(), dname, false)
+    }
+
+    /// ENOTDIR unless the last name of `path` (not followed if a symlink) is a
+    /// directory; ENOENT if it does not exist.
+    fn must_be_dir(&self, path: &[u8]) -> Result<()> {
+        match self.resolve_md(trim_slashes(path), false)? {
+            md if md.is_dir() => Ok(()),
+            _ => Err(Error::not_dir("a name ending in '/' that is not a directory")),
+        }
+    }
+
+    /// A new name other than a directory's ending in '/': EEXIST if the name is
+    /// taken, else ENOENT (the kernel's filename_create, which calls this asking for
+    /// a directory that does not exist).
+    fn refuse_new_name_with_slash(&self, path: &[u8]) -> Result<()> {
+        if !trailing_slash(path) {
+            return Ok(());
+        }
+        match self.resolve_md(trim_slashes(path), false) {
+            Ok(_) => Err(Error::exists("")),
+            Err(e) if e.kind == ErrorKind::NotFound => Err(Error::not_found("a new name ending in '/'")),
+            Err(e) => Err(e),
+        }
     }
 
     pub fn hard_link(&self, src: impl AsRef<[u8]>, dst: impl AsRef<[u8]>) -> Result<Metadata> {
         let (md, _pin) = self.pin(src.as_ref(), false)?;
+        self.refuse_new_name_with_slash(dst.as_ref())?;
         let (parent, name) = self.resolve_parent(dst.as_ref()).map_err(|e| busy_is(e, ErrorKind::Exists))?;
         self.link(md.ino, parent.ino(), name)
     }
 
     /// Create `link` pointing at `target`.
     pub fn symlink_path(&self, target: impl AsRef<[u8]>, link: impl AsRef<[u8]>) -> Result<Metadata> {
+        self.refuse_new_name_with_slash(link.as_ref())?;
         let (parent, name) = self.resolve_parent(link.as_ref()).map_err(|e| busy_is(e, ErrorKind::Exists))?;
         self.symlink(parent.ino(), name, target.as_ref(), &Creator::new(0, 0))
     }

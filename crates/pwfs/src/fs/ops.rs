@@ -380,7 +380,9 @@ impl Fs {
     }
 
     pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, who: &Creator) -> Result<Metadata> {
-        self.make(parent, name, NewNode { mode: f::S_IFDIR | (mode & 0o7777), who, rdev: 0, target: None })
+        // As the kernel's vfs_mkdir: set-user-ID and set-group-ID are not the
+        // caller's to ask for (a directory gets set-group-ID from its parent only).
+        self.make(parent, name, NewNode { mode: f::S_IFDIR | (mode & 0o1777), who, rdev: 0, target: None })
     }
 
     pub fn symlink(&self, parent: u64, name: &[u8], target: &[u8], who: &Creator) -> Result<Metadata> {
@@ -597,8 +599,13 @@ impl Fs {
 
     /// The checks every rename starts with: a writable file system, names that can be
     /// renamed ("." and ".." are EBUSY).
-    fn check_rename_names(&self, sname: &[u8], dname: &[u8]) -> Result<()> {
+    /// As the kernel's `do_renameat2`: a "." or ".." target with RENAME_NOREPLACE
+    /// is EEXIST (after a dot source's EBUSY).
+    fn check_rename_names(&self, sname: &[u8], dname: &[u8], noreplace: bool) -> Result<()> {
         self.inner.check_writable()?;
+        if !is_dot(sname) && is_dot(dname) && noreplace {
+            return Err(Error::exists("RENAME_NOREPLACE onto '.' or '..'"));
+        }
         if is_dot(sname) || is_dot(dname) {
             return Err(Error::new(crate::ErrorKind::Busy, "cannot rename '.' or '..'"));
         }
@@ -609,27 +616,35 @@ impl Fs {
     /// EINVAL if directory `into` is directory `moved` or inside it (a rename would
     /// detach `moved`'s subtree).
     fn check_not_inside(m: &mut Meta, moved: u64, into: u64) -> Result<()> {
-        let mut at = into;
+        if Self::is_inside(m, into, moved)? {
+            return Err(Error::invalid("cannot move a directory into itself"));
+        }
+        Ok(())
+    }
+
+    /// Whether directory `at` is directory `dir` or inside it.
+    fn is_inside(m: &mut Meta, mut at: u64, dir: u64) -> Result<bool> {
+        let from = at;
         // A damaged image can hold a loop of parents: no chain is longer than the
         // number of inodes.
         let mut steps = 0u64;
-        while at != moved {
+        while at != dir {
             if at == f::ROOT_INO {
-                return Ok(());
+                return Ok(false);
             }
             steps += 1;
             if steps > m.sb.inode_count {
-                return Err(Error::corrupt(format!("directory {into}: its parents form a loop")));
+                return Err(Error::corrupt(format!("directory {from}: its parents form a loop")));
             }
             at = m.inode(at)?.d.parent;
         }
-        Err(Error::invalid("cannot move a directory into itself"))
+        Ok(true)
     }
 
     /// renameat2(2) with RENAME_EXCHANGE: the two names swap their inodes atomically.
     /// Both must exist (ENOENT); a directory may not move into itself (EINVAL).
     pub fn rename_exchange(&self, sp: u64, sname: &[u8], dp: u64, dname: &[u8]) -> Result<()> {
-        self.check_rename_names(sname, dname)?;
+        self.check_rename_names(sname, dname, false)?;
         let (mut m, checked) = self.inner.admitted(|m| {
             if !m.inode(sp)?.is_dir() || !m.inode(dp)?.is_dir() {
                 return Err(Error::not_dir(""));
@@ -702,7 +717,7 @@ impl Fs {
         noreplace: bool,
         whiteout: Option<(u32, u32)>,
     ) -> Result<()> {
-        self.check_rename_names(sname, dname)?;
+        self.check_rename_names(sname, dname, noreplace)?;
         let (mut m, checked) = self.inner.admitted(|m| {
             if !m.inode(sp)?.is_dir() || !m.inode(dp)?.is_dir() {
                 return Err(Error::not_dir(""));
@@ -734,6 +749,11 @@ impl Fs {
                     // Replacing an entry removes one: not in an append-only directory
                     // (the kernel's may_delete, which it cannot check for us).
                     deny_change(&*m.inode(dp)?)?;
+                    // The kernel's "trap": a target that holds the source's own
+                    // directory is not empty, whatever the source is.
+                    if !src_dir && m.inode(d)?.is_dir() && Self::is_inside(m, sp, d)? {
+                        return Err(Error::not_empty("the target holds the source"));
+                    }
                     Self::check_replaceable(m, src_dir, d)?;
                     deny_change(&*m.inode(d)?)?;
                     false
@@ -811,6 +831,15 @@ impl Fs {
     pub fn readdir(&self, ino: u64, offset: u64, max: usize) -> Result<Vec<DirEntry>> {
         self.inner.check_up()?;
         let mut m = self.meta();
+        // As the kernel (IS_DEADDIR): a removed directory lists nothing, not even
+        // "." and "..", whose parent may be gone.
+        let dead = {
+            let node = m.inode(ino)?;
+            node.is_dir() && node.d.nlink == 0
+        };
+        if dead {
+            return Ok(Vec::new());
+        }
         let parent = m.dir_parent(ino)?;
         let mut out = Vec::new();
         if offset == 0 {
