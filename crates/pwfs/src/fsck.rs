@@ -238,7 +238,8 @@ impl Claims<'_> {
             return;
         }
         if self.claimed.any(start, end) {
-            for blk in self.claimed.ones(start, end, |_, w| w).collect::<Vec<_>>() {
+            let room = MAX_ERRORS.saturating_sub(r.errors.len());
+            for blk in self.claimed.ones(start, end, |_, w| w).take(room).collect::<Vec<_>>() {
                 if r.errors.len() >= MAX_ERRORS {
                     break;
                 }
@@ -297,6 +298,16 @@ pub fn check_with_progress(dev: &dyn Device, progress: &mut dyn FnMut(u64, u64))
                 );
             }
             Ok(_) => err(&mut r, "backup superblock differs from the primary".into()),
+            // The upgrade's write of the backup torn by a crash: the primary is whole
+            // and the next writable mount writes the backup again.
+            Err(e) if sb.version < crate::format::VERSION => repairable(
+                &mut r,
+                format!(
+                    "backup superblock: {e} (format upgrade unfinished from version {}: a writable mount \
+                     writes it again)",
+                    sb.version
+                ),
+            ),
             Err(e) => err(&mut r, format!("backup superblock: {e}")),
         }
     }
@@ -433,6 +444,10 @@ pub fn check_with_progress(dev: &dyn Device, progress: &mut dyn FnMut(u64, u64))
     let mut children: HashMap<u64, Vec<u64>> = HashMap::new();
     for (ino, blocks) in &dir_blocks {
         let ino = *ino;
+        // A removed directory is empty (rmdir and a rename over it require it):
+        // names in it are damage, and not counted as links (freeing it at the next
+        // mount would leave their inodes with a link too many).
+        let removed = nodes.get(&ino).is_some_and(|n| n.d.nlink == 0);
         let mut names = HashSet::new();
         let mut sorted = blocks.clone();
         sorted.sort_unstable();
@@ -453,6 +468,14 @@ pub fn check_with_progress(dev: &dyn Device, progress: &mut dyn FnMut(u64, u64))
             };
             for d in entries.into_iter().flatten() {
                 let name = String::from_utf8_lossy(&d.name).into_owned();
+                if removed {
+                    err(&mut r, format!("removed directory {ino} still holds entry {name:?}"));
+                    continue;
+                }
+                if d.ino == f::ROOT_INO {
+                    err(&mut r, format!("directory {ino}: entry {name:?} names the root directory"));
+                    continue;
+                }
                 if !names.insert(d.name.clone()) {
                     err(&mut r, format!("directory {ino}: duplicate name {name:?}"));
                 }
@@ -568,10 +591,16 @@ fn check_inode(rd: &Reader<'_>, claims: &mut Claims<'_>, r: &mut Report, ino: u6
     let mut extents = d.extents.clone();
     let mut next = d.ext_block;
     let mut chain = 0u64;
+    let mut seen = std::collections::HashSet::new();
     while next != 0 {
         chain += 1;
-        if chain > d.n_extents as u64 / f::EXTENTS_PER_BLOCK as u64 + 1 {
-            err(r, format!("inode {ino}: extent chain too long (loop?)"));
+        // Bounded by what the inode records, whatever its count says: a chain that
+        // comes back to a block, or holds more extents than recorded, stops here.
+        if chain > d.n_extents as u64 / f::EXTENTS_PER_BLOCK as u64 + 1
+            || !seen.insert(next)
+            || extents.len() > d.n_extents as usize
+        {
+            err(r, format!("inode {ino}: extent chain too long or looping at block {next}"));
             break;
         }
         claims.claim(r, ino, next, 1, "extent");

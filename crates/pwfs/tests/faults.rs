@@ -540,3 +540,102 @@ fn a_grown_device_checks_clean() {
     fs.unmount().unwrap();
     fsck_clean(&*dev);
 }
+
+/// Damage that left every count consistent, so that fsck passed it before: names in
+/// a removed directory (the mount would free the directory and leave the names'
+/// inodes a link too many), an entry naming the root (a loop of directories), and
+/// an extent chain that comes back to its own block under a count of 2^32 - 1
+/// extents (fsck read it until memory ran out).
+#[test]
+fn fsck_finds_damage_that_keeps_the_counts_right() {
+    use pwfs::format::{self as f, DiskInode, ExtentBlock, BLOCK};
+    let good = {
+        let dev = Arc::new(MemDevice::from_vec(populated_image()));
+        let fs = Fs::mount(dev.clone(), test_config()).unwrap();
+        fs.create_dir("/o", 0o755).unwrap();
+        fs.create_dir("/o2", 0o755).unwrap();
+        fs.write_file("/a", b"a").unwrap();
+        fs.hard_link("/a", "/o/F").unwrap();
+        fs.hard_link("/a", "/o2/y").unwrap();
+        fs.unmount().unwrap();
+        dev.snapshot()
+    };
+    fsck_clean(&MemDevice::from_vec(good.clone()));
+    let sb = pwfs::fs::read_superblock(&MemDevice::from_vec(good.clone())).unwrap().0;
+    let block = |b: u64| (b * BLOCK) as usize..((b + 1) * BLOCK) as usize;
+    let fs = Fs::mount(Arc::new(MemDevice::from_vec(good.clone())), test_config()).unwrap();
+    let ino = |p: &str| fs.metadata(p).unwrap().ino;
+    let (o, o2, a, file) = (ino("/o"), ino("/o2"), ino("/a"), ino("/d/f5"));
+    drop(fs);
+    let slot = |ino: u64| {
+        let r = block(sb.inode_table_start + (ino - 1) / f::INODES_PER_BLOCK);
+        let off = r.start + ((ino - 1) % f::INODES_PER_BLOCK) as usize * f::INODE_SIZE;
+        off..off + f::INODE_SIZE
+    };
+    let get = |img: &[u8], ino: u64| DiskInode::decode(ino, &img[slot(ino)]).unwrap().unwrap();
+    let edit = |img: &mut Vec<u8>, ino: u64, change: &dyn Fn(&mut DiskInode)| {
+        let mut d = get(img, ino);
+        change(&mut d);
+        d.encode(ino, &mut img[slot(ino)]);
+    };
+    // Rewrite the entries of directory `dir`'s first block.
+    let entries = |img: &mut Vec<u8>, dir: u64, change: &dyn Fn(&mut Vec<Option<f::Dirent>>)| {
+        let b = get(img, dir).extents[0].physical;
+        let mut slots = f::dir_block_decode(dir, &img[block(b)]).unwrap();
+        change(&mut slots);
+        f::dir_block_encode(dir, &slots, &mut img[block(b)]);
+    };
+    let found = |img: &[u8], what: &str| {
+        let r = pwfs::fsck::check(&MemDevice::from_vec(img.to_vec())).unwrap();
+        assert!(!r.is_clean(), "{what}: fsck found nothing");
+        r
+    };
+
+    // /o unlinked (link count 0, no name: an orphan) while it still names /a as F.
+    let mut img = good.clone();
+    edit(&mut img, o, &|d| d.nlink = 0);
+    entries(&mut img, f::ROOT_INO, &|s| {
+        for e in s.iter_mut() {
+            if e.as_ref().is_some_and(|e| e.name == b"o") {
+                *e = None;
+            }
+        }
+    });
+    edit(&mut img, f::ROOT_INO, &|d| d.nlink -= 1);
+    let r = found(&img, "names in a removed directory");
+    assert!(r.errors.iter().any(|e| e.contains("removed directory")), "{:?}", r.errors);
+
+    // /o2/y names the root instead of /a (o2 counts one more subdirectory, /a one name
+    // less).
+    let mut img = good.clone();
+    entries(&mut img, o2, &|s| {
+        for e in s.iter_mut().flatten() {
+            if e.name == b"y" {
+                e.ino = f::ROOT_INO;
+                e.ftype = 4;
+            }
+        }
+    });
+    edit(&mut img, o2, &|d| d.nlink += 1);
+    edit(&mut img, a, &|d| d.nlink -= 1);
+    let r = found(&img, "an entry naming the root");
+    assert!(r.errors.iter().any(|e| e.contains("root")), "{:?}", r.errors);
+
+    // An extent block pointing at itself, under the largest extent count.
+    let mut img = good.clone();
+    let spare = sb.data_end - 8;
+    let extents: Vec<f::Extent> = (0..f::EXTENTS_PER_BLOCK as u32)
+        .map(|i| f::Extent { logical: 1000 + i, len: 1, physical: sb.data_end - 9, unwritten: false })
+        .collect();
+    ExtentBlock { ino: file, next: spare, extents }.encode(&mut img[block(spare)]);
+    edit(&mut img, file, &|d| {
+        d.n_extents = u32::MAX;
+        d.ext_block = spare;
+    });
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(pwfs::fsck::check(&MemDevice::from_vec(img)).map(|r| r.is_clean()));
+    });
+    let clean = rx.recv_timeout(std::time::Duration::from_secs(60)).expect("fsck of a looping chain did not end");
+    assert_eq!(clean.ok(), Some(false));
+}

@@ -421,6 +421,33 @@ fn an_upgrade_interrupted_between_its_two_superblocks_is_finished_by_the_next_mo
 }
 
 #[test]
+fn an_upgrade_torn_in_the_backup_superblock_is_finished_by_the_next_mount() {
+    use pwfs::format::{Superblock, VERSION};
+    let mut image = formatted_image(16 * MIB, &MkfsOptions::default());
+    let backup = image.len() - 4096;
+    let sb = Superblock::decode(&image[..4096]).unwrap();
+    // A version-1 image not unmounted clean; the upgrade's write of the backup tore
+    // (its first sector new, the rest old) and the primary was never written.
+    let v1 = Superblock { version: 1, clean: false, ..sb.clone() };
+    v1.encode(&mut image[..4096]);
+    v1.encode(&mut image[backup..]);
+    let mut v2 = vec![0u8; 4096];
+    Superblock { version: VERSION, ..v1 }.encode(&mut v2);
+    image[backup..backup + 512].copy_from_slice(&v2[..512]);
+    assert!(Superblock::decode(&image[backup..]).is_err(), "a torn backup");
+    let dev = Arc::new(MemDevice::from_vec(image));
+    let r = pwfs::fsck::check(&*dev).unwrap();
+    assert_eq!(r.errors, r.repairable, "only the torn backup: {:?}", r.errors);
+    let (fs, report) = Fs::mount_report(dev.clone(), test_config()).unwrap();
+    assert!(!report.used_backup_superblock);
+    fs.write_file("/a", b"after").unwrap();
+    fs.unmount().unwrap();
+    let version = |at: usize| Superblock::decode(&dev.snapshot()[at..at + 4096]).unwrap().version;
+    assert_eq!((version(0), version(backup)), (VERSION, VERSION));
+    fsck_clean(&*dev);
+}
+
+#[test]
 fn a_version_1_image_is_upgraded_at_its_first_writable_mount() {
     use pwfs::format::{Superblock, VERSION};
     let mut image = formatted_image(16 * MIB, &MkfsOptions::default());

@@ -567,6 +567,15 @@ fn attribute_edges_match_ext4() {
     assert!(listed.iter().map(|l| l.len() + 1).sum::<usize>() <= 65536);
     // Replacing one that is there still works.
     fs.setxattr(x, &name(0), b"w", false, true).unwrap();
+    // Nanoseconds past a second: EINVAL, nothing stored (the inode would not load).
+    let bad = pwfs::format::Timespec { sec: 5, nsec: 1_000_000_000 };
+    for set in [
+        pwfs::SetAttr { mtime: Some(TimeSet::At(bad)), ..Default::default() },
+        pwfs::SetAttr { atime: Some(TimeSet::At(bad)), ..Default::default() },
+        pwfs::SetAttr { ctime: Some(bad), ..Default::default() },
+    ] {
+        assert_eq!(errno(fs.setattr(x, &set)), libc::EINVAL);
+    }
     fs.unmount().unwrap();
     fsck_clean(&*dev);
 }

@@ -289,6 +289,11 @@ impl Meta {
             }
             let from = start as u64 + len - piece;
             let freed = node.unmap_range(from, start as u64 + len);
+            if node.is_dir() {
+                // A directory's size is its blocks (no holes: it is cut from the end),
+                // in every transaction that stores it, or the next mount refuses it.
+                node.d.size = from * f::BLOCK;
+            }
             node.register(&self.tx, None);
             drop(node);
             for (b, n) in freed {

@@ -893,6 +893,15 @@ impl Fs {
     /// ACL moves the ACL's owner, mask (or group) and other entries along.
     pub fn setattr(&self, ino: u64, set: &SetAttr) -> Result<Metadata> {
         self.inner.check_writable()?;
+        // As utimensat(2): nanoseconds past a second are EINVAL (and the inode would
+        // not load again).
+        let at = |t: Option<TimeSet>| match t {
+            Some(TimeSet::At(ts)) => Some(ts),
+            _ => None,
+        };
+        if [at(set.atime), at(set.mtime), set.ctime].into_iter().flatten().any(|t| t.nsec >= 1_000_000_000) {
+            return Err(Error::invalid("nanoseconds of a time past one second"));
+        }
         if let Some(size) = set.size {
             self.truncate(ino, size)?;
         }
