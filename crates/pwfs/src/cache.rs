@@ -152,10 +152,28 @@ pub struct CacheStats {
 
 struct Map {
     pages: BTreeMap<Key, Arc<Page>>,
+    /// The CLOCK order. A page dropped (truncate, delete, a failed fetch) leaves its
+    /// key here, and one inserted again has two: `push_clock` keeps the queue within
+    /// twice the pages.
     clock: VecDeque<Key>,
     dirty: BTreeSet<Key>,
     /// Insertions that skip eviction because the last sweep found nothing to evict.
     skip: usize,
+}
+
+impl Map {
+    fn push_clock(&mut self, key: Key) {
+        self.clock.push_back(key);
+        if self.clock.len() > 2 * self.pages.len() + 64 {
+            // Amortised: at least as many pushes again before the next compaction.
+            // The last entry of a key is its place (it was inserted again there).
+            let mut seen = std::collections::HashSet::with_capacity(self.pages.len());
+            let mut kept: Vec<Key> =
+                self.clock.iter().rev().filter(|k| self.pages.contains_key(k) && seen.insert(**k)).copied().collect();
+            kept.reverse();
+            self.clock = kept.into();
+        }
+    }
 }
 
 /// One shard of the cache: its own lock, clock, dirty set and counters, on cache
@@ -341,7 +359,7 @@ impl PageCache {
                 });
                 m.pages.insert(key, page.clone());
                 self.pages.fetch_add(1, Ordering::Relaxed);
-                m.clock.push_back(key);
+                m.push_clock(key);
                 out.push((page, true));
             }
             idx = end;
@@ -563,7 +581,11 @@ impl PageCache {
         while freed < target && budget > 0 {
             budget -= 1;
             let Some(k) = m.clock.pop_front() else { break };
-            let Some(p) = m.pages.get(&k) else { continue };
+            let Some(p) = m.pages.get(&k) else {
+                // The key of a page dropped since: costs nothing of the budget.
+                budget += 1;
+                continue;
+            };
             let clean = !m.dirty.contains(&k)
                 && Arc::strong_count(p) == 1
                 && p.data.try_lock().is_some_and(|g| g.state == PageState::UpToDate);
@@ -624,6 +646,35 @@ mod tests {
         assert_eq!(ahead_kept, 16, "no page read ahead and not yet read was evicted");
         assert_eq!(read_kept, 32, "the oldest pages already read were evicted instead");
         assert!((0..16).all(|i| !cache.contains((1, i))));
+    }
+
+    /// Files written and deleted over and over while the cache is not full: the
+    /// CLOCK queue keeps no more than about twice the pages, not a key for every page
+    /// ever dropped (it grew without end, and its stale keys then used up every
+    /// sweep's budget, so the cache ran over its size).
+    #[test]
+    fn dropped_pages_leave_no_keys_behind() {
+        let cache = PageCache::new(4096);
+        let queued = |c: &PageCache| c.shards.iter().map(|s| s.map.lock().clock.len()).sum::<usize>();
+        for round in 0..2000u64 {
+            for (p, _) in cache.get_or_insert_range(round % 7, 0, 16) {
+                fill(&p);
+            }
+            drop(cache.drop_range(round % 7, 0, u64::MAX));
+            // The same file read and dropped, read again: one key, not two.
+            for (p, _) in cache.get_or_insert_range(100, round % 16, 1) {
+                fill(&p);
+            }
+        }
+        let pages = cache.len();
+        assert!(queued(&cache) <= 2 * pages + 64 * cache.shards.len(), "{} keys for {pages} pages", queued(&cache));
+        // And the sweep still evicts once the cache is full.
+        for first in (0..8192).step_by(16) {
+            for (p, _) in cache.get_or_insert_range(200, first, 16) {
+                fill(&p);
+            }
+        }
+        assert!(cache.len() <= 4096 + 64 * cache.shards.len(), "{} pages in a cache of 4096", cache.len());
     }
 
     /// A cache full of pages that cannot go (dirty) runs over its capacity instead of

@@ -39,6 +39,8 @@ pub enum ErrorKind {
     TooBig,
     /// EACCES: a default ACL on a non-directory.
     AccessDenied,
+    /// ENOMEM: a whole-file read larger than memory.
+    NoMemory,
 }
 
 #[derive(Debug, Clone)]
@@ -85,6 +87,7 @@ impl Error {
             ErrorKind::NoSuchAddress => libc::ENXIO,
             ErrorKind::AccessDenied => libc::EACCES,
             ErrorKind::TooBig => libc::E2BIG,
+            ErrorKind::NoMemory => libc::ENOMEM,
         }
     }
 }

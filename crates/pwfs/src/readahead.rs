@@ -65,7 +65,9 @@ impl FsInner {
         // Up to five windows may be queued ahead: keep them well inside the cache, or
         // readahead evicts what the reader is about to read.
         let cap = (self.cache.capacity() as u64 / 16).max(1);
-        let window = self.config.readahead_pages.min(cap).max(len.div_ceil(BLOCK));
+        // At least a request (a reader of 1 MiB pieces stays behind it), never more
+        // than the bound, however large the request.
+        let window = self.config.readahead_pages.max(len.div_ceil(BLOCK)).min(cap);
         if self.config.readahead_pages == 0 {
             return;
         }

@@ -493,3 +493,25 @@ fn fdatasync_makes_data_durable() {
         }
     }
 }
+
+/// fdatasync of a file just created, still empty, makes its name durable (as ext4,
+/// which records the creating transaction for fdatasync): a crash right after it
+/// keeps the file.
+#[test]
+fn fdatasync_of_a_new_empty_file_keeps_it() {
+    for seed in 0..8u64 {
+        let image = formatted_image(16 * MIB, &pwfs::MkfsOptions::default());
+        let dev = Arc::new(SimDevice::new(image, SimConfig { seed, ..Default::default() }));
+        let fs = Fs::mount(dev.clone(), test_config()).unwrap();
+        fs.sync().unwrap();
+        let base = dev.start_recording();
+        let f = fs.create("/new").unwrap();
+        f.sync_data().unwrap();
+        let log = dev.log();
+        drop(f);
+        drop(fs);
+        let img = crash_image(&base, &log, log.len(), seed);
+        let (_d, fs) = mount_mem(img);
+        assert_eq!(fs.metadata("/new").map(|m| m.size).ok(), Some(0), "seed {seed}");
+    }
+}

@@ -244,6 +244,10 @@ impl Model {
                     return Err(libc::EINVAL);
                 }
                 if let Some(d) = dst {
+                    // The kernel's "trap": a target directory holding the source.
+                    if a.starts_with(&format!("{b}/")) {
+                        return Err(libc::ENOTEMPTY);
+                    }
                     match (src_dir, self.dir(d)) {
                         (true, None) => return Err(libc::ENOTDIR),
                         (false, Some(_)) => return Err(libc::EISDIR),

@@ -76,7 +76,10 @@ fn writes_and_truncates_of_the_unprivileged_clear_set_id_bits() {
     // chown by anyone clears them from a file, not from a directory.
     fs.setattr(f, &SetAttr { uid: Some(7), ..Default::default() }).unwrap();
     assert_eq!(mode(&fs, f), 0o755);
+    // mkdir(2) keeps no set-ID bits (vfs_mkdir): a chmod sets them.
     let d = fs.mkdir(1, b"d", 0o6755, &root).unwrap().ino;
+    assert_eq!(mode(&fs, d), 0o755);
+    fs.setattr(d, &SetAttr { mode: Some(0o6755), ..Default::default() }).unwrap();
     fs.setattr(d, &SetAttr { gid: Some(7), ..Default::default() }).unwrap();
     assert_eq!(mode(&fs, d), 0o6755);
     assert!(!fs.remove_privs(d, &|_| true).unwrap());
@@ -90,7 +93,8 @@ fn writes_and_truncates_of_the_unprivileged_clear_set_id_bits() {
 #[test]
 fn set_group_id_directories_pass_on_their_group() {
     let (dev, fs) = mem_fs(16 * MIB);
-    let d = fs.mkdir(1, b"d", 0o2777, &Creator::new(0, 50)).unwrap().ino;
+    let d = fs.mkdir(1, b"d", 0o777, &Creator::new(0, 50)).unwrap().ino;
+    fs.setattr(d, &SetAttr { mode: Some(0o2777), ..Default::default() }).unwrap();
     let user = Creator::new(1000, 1000);
     let f = fs.mknod(d, b"f", S_IFREG | 0o644, 0, &user).unwrap();
     assert_eq!((f.uid, f.gid), (1000, 50), "the directory's group");
@@ -185,7 +189,8 @@ fn default_acls_are_inherited_instead_of_the_umask() {
 #[test]
 fn umask_and_sgid_dirs_through_the_path_api() {
     let (_dev, fs) = mem_fs(16 * MIB);
-    fs.create_dir("/d", 0o2777).unwrap();
+    fs.create_dir("/d", 0o777).unwrap();
+    fs.set_permissions("/d", 0o2777).unwrap();
     fs.set_owner("/d", None, Some(50)).unwrap();
     let f = pwfs::OpenOptions::new().write(true).create(true).owner(1000, 1000).open(&fs, "/d/f").unwrap();
     let md = f.metadata().unwrap();

@@ -776,10 +776,14 @@ impl Fs {
 
     pub fn read_file(&self, path: impl AsRef<[u8]>) -> Result<Vec<u8>> {
         let f = OpenOptions::new().read(true).open(self, path)?;
-        let mut buf = vec![0; f.metadata()?.size as usize + 1];
+        // Grown as the data comes (a sparse file's size can pass memory): ENOMEM, not
+        // an abort, when it does not fit.
+        let size = f.metadata()?.size;
+        let mut buf = vec![0; size.min(1 << 26) as usize + 1];
         let mut at = 0;
         loop {
             if at == buf.len() {
+                buf.try_reserve(at).map_err(|_| Error::new(ErrorKind::NoMemory, "file larger than memory"))?;
                 buf.resize(at * 2, 0);
             }
             let n = f.read_at(&mut buf[at..], at as u64)?;

@@ -242,6 +242,9 @@ impl Fs {
             let mut node = m.inode(ino)?;
             node.d.flags |= inherited;
             node.d.nlink = if is_dir { 2 } else { 1 };
+            // Its fdatasync commits (ext4 records the creating transaction for it):
+            // a new file's name is what makes its data reachable.
+            node.data_meta_dirty = true;
             node.d.rdev = rdev;
             if is_dir {
                 node.d.parent = parent;
