@@ -13,6 +13,7 @@ mod common;
 
 use common::*;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -139,6 +140,12 @@ fn role() {
             std::fs::write(path, pattern(100_000, 9)).unwrap();
             // SAFETY: sync(2).
             unsafe { libc::sync() };
+            // Pages only the kernel holds dirty (a shared mapping's, its descriptor
+            // closed) reach the daemon before a carried fsync of another descriptor
+            // commits. (sync and syncfs write them back first too, but this kernel
+            // does not wait for a FUSE server's write-back in sync: not checked.)
+            mapped_write(&path.with_extension("m3"), 12);
+            std::fs::OpenOptions::new().write(true).open(path.with_extension("m3")).unwrap().sync_all().unwrap();
         }
         r => panic!("unknown role {r}"),
     }
@@ -166,7 +173,6 @@ fn role_write(path: &Path) {
     f.set_len(1 << 20).unwrap(); // ftruncate
                                  // SAFETY: lseek and fallocate of our own descriptor.
     unsafe {
-        use std::os::fd::AsRawFd;
         let fd = f.as_raw_fd();
         if carried() > 0 {
             // The engine's answer, through the shim.
@@ -210,7 +216,6 @@ fn role_write(path: &Path) {
 /// fault past the size it caches is SIGBUS), and what the mapping stores is what the
 /// shim reads.
 fn role_mmap(path: &Path) {
-    use std::os::fd::AsRawFd;
     let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path).unwrap();
     // The kernel looks at the file first (so it caches its size, 0).
     assert_eq!(std::fs::metadata(path).unwrap().len(), 0);
@@ -246,7 +251,6 @@ fn role_mmap(path: &Path) {
 /// descriptor (no O_APPEND, as `make -j > log`): the shared file position must hand
 /// every write its own place.
 fn role_shared_writers(path: &Path) {
-    use std::os::fd::AsRawFd;
     let f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(path).unwrap();
     let fd = f.as_raw_fd();
     let write = |tag: u8| {
@@ -293,7 +297,6 @@ fn record(tag: u8, i: usize) -> Vec<u8> {
 /// The file position is shared by a descriptor, its fork, its dup and an exec'd
 /// program; close-on-exec closes.
 fn role_fork(path: &Path) {
-    use std::os::fd::AsRawFd;
     let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(path).unwrap();
     f.write_all(b"A").unwrap();
     // SAFETY: fork, write through the inherited descriptor, and exit in the child.
@@ -327,6 +330,21 @@ fn role_fork(path: &Path) {
     }
     f.write_all(b"G").unwrap();
     assert_eq!(f.stream_position().unwrap(), 6);
+}
+
+/// Create `path` (64 KiB), map it shared, close it (its flush writes back what is
+/// dirty then), and write `pattern(65536, seed)` through the mapping: pages only the
+/// kernel holds dirty. The mapping stays.
+fn mapped_write(path: &Path, seed: u8) {
+    let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path).unwrap();
+    f.set_len(65536).unwrap();
+    // SAFETY: a shared mapping of 64 KiB of an open file, written after the close.
+    unsafe {
+        let p = libc::mmap(std::ptr::null_mut(), 65536, libc::PROT_WRITE, libc::MAP_SHARED, f.as_raw_fd(), 0);
+        assert_ne!(p, libc::MAP_FAILED);
+        drop(f);
+        std::ptr::copy_nonoverlapping(pattern(65536, seed).as_ptr(), p as *mut u8, 65536);
+    }
 }
 
 /// Write and fsync until something fails; say "ready" after the first round. Exit 0
@@ -501,6 +519,8 @@ fn sync_through_the_shim_makes_writes_survive_sigkill() {
     detach(&m.mp);
     let d2 = start(&m.img, &m.mp);
     assert_eq!(std::fs::read(&f).unwrap(), pattern(100_000, 9));
+    let got = std::fs::read(f.with_extension("m3")).unwrap_or_default();
+    assert!(got == pattern(65536, 12), "the mapping's bytes were not made durable by the fsync");
     drop(d2);
 }
 

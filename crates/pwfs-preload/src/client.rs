@@ -105,13 +105,30 @@ static GONE: [AtomicBool; MAX_MOUNTS] = [const { AtomicBool::new(false) }; MAX_M
 
 // ---- the descriptor table ----------------------------------------------------
 
-/// 0: not looked at yet; NOT_OURS; OPENED_HERE | generation << 40 (opened by this
-/// process, not registered yet); or OURS [| PRIVATE] [| APPEND] | generation << 40 |
-/// mount << 32 | handle.
+/// An entry is OURS [| PRIVATE] [| APPEND] | generation << 40 | mount << 32 | handle,
+/// or one of the other states with a fresh number (`fresh`) in its low 32 bits:
+/// UNKNOWN (not looked at yet), NOT_OURS, CHANGING, OPENED_HERE | generation << 40
+/// (opened by this process, not registered yet). The number makes every change of an
+/// entry a new word, so that a registration that looked at the descriptor before a
+/// close or dup2 (and then saw UNKNOWN again) cannot install the old file under it.
 static FDS: [AtomicU64; MAX_FDS] = [const { AtomicU64::new(0) }; MAX_FDS];
-const UNKNOWN: u64 = 0;
-const NOT_OURS: u64 = 1;
 const OURS: u64 = 1 << 63;
+/// Not a regular file of a Patchwork mount with a shim.
+const NOT_OURS: u64 = 1 << 58;
+/// Being closed or replaced (close, dup2 onto it, F_SETFL): until the kernel call is
+/// done, calls on it go to the kernel and nothing registers it (`begin_change`).
+const CHANGING: u64 = 1 << 59;
+const STATES: u64 = OURS | NOT_OURS | CHANGING | OPENED_HERE;
+static SEQ: AtomicU32 = AtomicU32::new(1);
+
+/// A number no recent entry has.
+fn fresh() -> u64 {
+    SEQ.fetch_add(1, Ordering::Relaxed) as u64
+}
+
+fn unknown() -> u64 {
+    fresh()
+}
 /// The open file description is this descriptor's alone: opened by this process
 /// through the open family, and not dup'ed, inherited over a fork or an exec since.
 /// Only then does the shim move its file position itself (under `POS_LOCKS`); a shared
@@ -163,11 +180,21 @@ fn note_high(fd: usize) {
 
 /// `fd` was just opened by this process (the open family): its description is its own.
 pub fn opened(fd: i32) {
-    forget(fd);
     if let Some(s) = slot(fd) {
         note_high(fd as usize);
-        s.store(OPENED_HERE | gen_bits(), Ordering::Release);
+        release(s.swap(OPENED_HERE | gen_bits() | fresh(), Ordering::AcqRel));
     }
+}
+
+/// The handle of an entry that was carried goes back to the daemon.
+fn release(e: u64) {
+    if let Some(o) = decode(e) {
+        release_handle(o);
+    }
+}
+
+pub fn release_handle(o: Ours) {
+    let _ = request(o, Op::Release, 0, 0, 0, |_| 0, |_, _, _| ());
 }
 
 /// `fd`'s description is now shared (dup'ed; about to be inherited): its position is
@@ -175,7 +202,7 @@ pub fn opened(fd: i32) {
 pub fn shared(fd: i32) {
     if let Some(s) = slot(fd) {
         let _ = s.fetch_update(Ordering::AcqRel, Ordering::Acquire, |e| {
-            (e & (PRIVATE | OPENED_HERE) != 0).then_some(if e & OURS != 0 { e & !PRIVATE } else { UNKNOWN })
+            (e & (PRIVATE | OPENED_HERE) != 0).then_some(if e & OURS != 0 { e & !PRIVATE } else { unknown() })
         });
     }
 }
@@ -204,22 +231,34 @@ pub fn with_position<T>(fd: i32, f: impl FnOnce() -> T) -> T {
     f()
 }
 
-/// Forget what the table says of `fd`, which is being closed or replaced: its handle
+/// Forget what the table says of `fd` (a new descriptor took its number): its handle
 /// (if this generation registered it) is released in the daemon.
 pub fn forget(fd: i32) {
     let Some(s) = slot(fd) else { return };
-    let e = s.swap(UNKNOWN, Ordering::AcqRel);
-    if let Some(o) = decode(e) {
-        let _ = request(o, Op::Release, 0, 0, 0, |_| 0, |_, _, _| ());
+    release(s.swap(unknown(), Ordering::AcqRel));
+}
+
+/// `fd` is about to be closed or replaced by a kernel call: until `end_change`,
+/// nothing registers it. Returns the token for `end_change` and what was carried.
+pub fn begin_change(fd: i32) -> (u64, Option<Ours>) {
+    let Some(s) = slot(fd) else { return (0, None) };
+    let token = CHANGING | fresh();
+    (token, decode(s.swap(token, Ordering::AcqRel)))
+}
+
+/// The kernel call after `begin_change` is done: the number is for the next
+/// look to classify (unless an open took it meanwhile and said so).
+pub fn end_change(fd: i32, token: u64) {
+    if let Some(s) = slot(fd) {
+        let _ = s.compare_exchange(token, unknown(), Ordering::AcqRel, Ordering::Relaxed);
     }
 }
 
-/// close(2) of `fd`: forget it, and if it was carried, the daemon reports a write lost
-/// after it returned and releases the handle: Some(errno) then (0: nothing lost).
-pub fn close(fd: i32) -> Option<i32> {
-    let s = slot(fd)?;
-    let o = decode(s.swap(UNKNOWN, Ordering::AcqRel))?;
-    match request(o, Op::Close, 0, 0, 0, |_| 0, |_, _, _| ()) {
+/// close(2) of a descriptor that was `o`, before the kernel's: if it was carried, the daemon reports a
+/// write lost after it returned and releases the handle: Some(errno) then (0: nothing
+/// lost). `end_change` follows the kernel's close.
+pub fn close(o: Option<Ours>) -> Option<i32> {
+    match request(o?, Op::Close, 0, 0, 0, |_| 0, |_, _, _| ()) {
         Err(Fail::Errno(e)) => Some(e),
         _ => Some(0),
     }
@@ -228,9 +267,8 @@ pub fn close(fd: i32) -> Option<i32> {
 /// Carry nothing more of `fd` (a shared writable mapping of it: the kernel's pages are
 /// written back behind the shim's writes, so all its I/O goes through the kernel).
 pub fn stop_carrying(fd: i32) {
-    forget(fd);
     if let Some(s) = slot(fd) {
-        s.store(NOT_OURS, Ordering::Release);
+        release(s.swap(NOT_OURS | fresh(), Ordering::AcqRel));
     }
 }
 
@@ -238,7 +276,7 @@ pub fn stop_carrying(fd: i32) {
 pub fn forget_range(first: u32, last: u32) {
     let last = (last as usize).min(MAX_FDS - 1);
     for (fd, e) in FDS.iter().enumerate().take(last + 1).skip(first as usize) {
-        if e.load(Ordering::Relaxed) != UNKNOWN {
+        if e.load(Ordering::Relaxed) & STATES != 0 {
             forget(fd as i32);
         }
     }
@@ -256,7 +294,7 @@ pub fn fstat_raw(fd: i32) -> Option<libc::stat64> {
 pub fn classify(fd: i32) -> Option<Ours> {
     let s = slot(fd)?;
     let e = s.load(Ordering::Acquire);
-    if e == NOT_OURS {
+    if e & (NOT_OURS | CHANGING) != 0 {
         return None;
     }
     if let Some(o) = decode(e) {
@@ -266,13 +304,13 @@ pub fn classify(fd: i32) -> Option<Ours> {
     let st = fstat_raw(fd)?;
     let found = if st.st_mode & libc::S_IFMT == libc::S_IFREG { mount_of(st.st_dev) } else { None };
     let Some(mount) = found else {
-        let _ = s.compare_exchange(e, NOT_OURS, Ordering::AcqRel, Ordering::Relaxed);
+        let _ = s.compare_exchange(e, NOT_OURS | fresh(), Ordering::AcqRel, Ordering::Relaxed);
         return None;
     };
     let (handle, append) = match LOCK.with(|st| register(st, mount, fd)) {
         Ok(h) => h,
         Err(_) => {
-            let _ = s.compare_exchange(e, NOT_OURS, Ordering::AcqRel, Ordering::Relaxed);
+            let _ = s.compare_exchange(e, NOT_OURS | fresh(), Ordering::AcqRel, Ordering::Relaxed);
             return None;
         }
     };
@@ -280,7 +318,8 @@ pub fn classify(fd: i32) -> Option<Ours> {
     note_high(fd as usize);
     let new = entry(mount, handle, private, append);
     if s.compare_exchange(e, new, Ordering::AcqRel, Ordering::Acquire).is_err() {
-        // Another thread got there first (or the descriptor was closed meanwhile).
+        // Another thread got there first, or the descriptor was closed or replaced
+        // meanwhile (its entry is a new word even if UNKNOWN again).
         let _ = request(o, Op::Release, 0, 0, 0, |_| 0, |_, _, _| ());
         return decode(s.load(Ordering::Acquire));
     }
@@ -587,6 +626,13 @@ thread_local! {
     static ERRNO_SET: Cell<bool> = const { Cell::new(false) };
 }
 
+extern "C" {
+    fn pthread_setcancelstate(state: libc::c_int, old: *mut libc::c_int) -> libc::c_int;
+}
+
+/// glibc's value (PTHREAD_CANCEL_ENABLE is 0).
+const PTHREAD_CANCEL_DISABLE: libc::c_int = 1;
+
 /// Run `f` as the shim, unless the thread already is (then None: the kernel does it).
 /// A panic inside also ends in None.
 pub fn shim<T>(f: impl FnOnce() -> Option<T>) -> Option<T> {
@@ -599,7 +645,16 @@ pub fn shim<T>(f: impl FnOnce() -> Option<T>) -> Option<T> {
     // SAFETY: the thread's errno location.
     let saved = unsafe { *libc::__errno_location() };
     let _ = ERRNO_SET.try_with(|e| e.set(false));
+    // The shim's own poll, sendmsg, recvmsg, connect and close are cancellation
+    // points: a pthread_cancel acted on there would unwind through Rust frames (and
+    // `catch_unwind` aborts on that foreign unwind). Deferred until the call is done,
+    // as for a call that never blocked.
+    let mut cancel = 0;
+    // SAFETY: glibc's pthread_setcancelstate with a valid out pointer.
+    unsafe { pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &mut cancel) };
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok().flatten();
+    // SAFETY: as above, restoring the state the program had.
+    unsafe { pthread_setcancelstate(cancel, std::ptr::null_mut()) };
     if !ERRNO_SET.try_with(|e| e.get()).unwrap_or(false) {
         // SAFETY: as above.
         unsafe { *libc::__errno_location() = saved };

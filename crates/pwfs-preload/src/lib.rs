@@ -393,12 +393,28 @@ unsafe fn simple(fd: c_int, op: Op, a: u64, b: u64, c: u64) -> Option<c_int> {
 
 #[no_mangle]
 pub unsafe extern "C" fn fsync(fd: c_int) -> c_int {
-    simple(fd, Op::Fsync, 0, 0, 0).unwrap_or_else(|| real::fsync(fd))
+    carried_fsync(fd, 0).unwrap_or_else(|| real::fsync(fd))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn fdatasync(fd: c_int) -> c_int {
-    simple(fd, Op::Fsync, 0, 0, 1).unwrap_or_else(|| real::fdatasync(fd))
+    carried_fsync(fd, 1).unwrap_or_else(|| real::fdatasync(fd))
+}
+
+/// A carried fsync: pages the kernel holds dirty for the file (a shared writable
+/// mapping's, even one of another descriptor) are written to the daemon first, or the
+/// daemon's commit would not hold them. No request when nothing is dirty.
+unsafe fn carried_fsync(fd: c_int, datasync: u64) -> Option<c_int> {
+    shim(|| {
+        let o = classify(fd)?;
+        let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+        if libc::syscall(libc::SYS_sync_file_range, fd, 0 as off_t, 0 as off_t, flags) != 0 {
+            let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+            return finish(Err(Fail::Errno(e)));
+        }
+        finish(request(o, Op::Fsync, 0, 0, datasync, |_| 0, |_, _, _| ()).map(|_| 0))
+    })
+    .map(|v| v as c_int)
 }
 
 /// A size change the kernel did not make: its cached size was invalidated (if it had
@@ -479,28 +495,34 @@ pub unsafe extern "C" fn posix_fallocate(fd: c_int, off: off_t, len: off_t) -> c
     posix_fallocate64(fd, off, len)
 }
 
-/// sync(2): every Patchwork mount's daemon commits (the kernel does not tell them),
-/// then the kernel syncs the rest.
+/// sync(2): the kernel first (its dirty pages, from shared mappings and the
+/// kernel's own writes, reach the daemons), then every Patchwork mount's daemon
+/// commits (the kernel does not tell them).
 #[no_mangle]
 pub unsafe extern "C" fn sync() {
+    libc::syscall(libc::SYS_sync);
     shim(|| {
         for m in client::all_mounts() {
             let _ = client::mount_request(m, Op::Syncfs);
         }
         Some(())
     });
-    libc::syscall(libc::SYS_sync);
 }
 
-/// syncfs(2) of any descriptor on a Patchwork mount (directories too).
+/// syncfs(2) of any descriptor on a Patchwork mount (directories too): the kernel's
+/// syncfs first (as `sync`), then the daemon's commit.
 #[no_mangle]
 pub unsafe extern "C" fn syncfs(fd: c_int) -> c_int {
+    let kernel = real::syncfs(fd);
+    if kernel != 0 {
+        return kernel;
+    }
     let carried = shim(|| {
         let st = client::fstat_raw(fd)?;
         let m = client::mount_of(st.st_dev)?;
         finish(client::mount_request(m, Op::Syncfs).map(|_| 0))
     });
-    carried.map(|v| v as c_int).unwrap_or_else(|| real::syncfs(fd))
+    carried.map(|v| v as c_int).unwrap_or(0)
 }
 
 // ---- attributes ---------------------------------------------------------------
@@ -723,8 +745,12 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     if client::is_session_socket(fd) {
         return 0;
     }
-    let report = shim(|| client::close(fd));
+    // Nothing registers the number until the kernel's close is done (a thread
+    // registering it meanwhile would carry the closed file under a reused number).
+    let (token, was) = shim(|| Some(client::begin_change(fd))).unwrap_or((0, None));
+    let report = shim(|| client::close(was));
     let r = real::close(fd);
+    client::end_change(fd, token);
     match report {
         Some(e) if e != 0 && r == 0 => {
             set_errno(e);
@@ -774,14 +800,22 @@ pub unsafe extern "C" fn closefrom(low: c_int) {
 
 #[no_mangle]
 pub unsafe extern "C" fn fclose(f: *mut FILE) -> c_int {
-    if !f.is_null() {
-        let fd = libc::fileno(f);
-        shim(|| {
-            client::forget(fd);
-            Some(())
-        });
+    if f.is_null() {
+        return real::fclose(f);
     }
-    real::fclose(f)
+    let fd = libc::fileno(f);
+    let token = shim(|| {
+        let (token, was) = client::begin_change(fd);
+        if let Some(o) = was {
+            client::release_handle(o);
+        }
+        Some(token)
+    });
+    let r = real::fclose(f);
+    if let Some(token) = token {
+        client::end_change(fd, token);
+    }
+    r
 }
 
 unsafe fn forget(fd: c_int) {
@@ -803,17 +837,28 @@ unsafe fn opened(fd: c_int) {
     }
 }
 
-/// Before a descriptor takes `new`'s number: it is forgotten, and if it is one of the
-/// shim's sockets, the socket moves elsewhere.
-unsafe fn replacing(old: c_int, new: c_int) {
+/// Before a descriptor takes `new`'s number: it is being replaced (`begin_change`;
+/// the caller ends it after the kernel call), and if it is one of the shim's sockets,
+/// the socket moves elsewhere.
+unsafe fn replacing(old: c_int, new: c_int) -> Option<u64> {
     shim(|| {
         client::shared(old);
-        if old != new {
-            client::free_number(new);
-            client::forget(new);
+        if old == new {
+            return None;
         }
-        Some(())
-    });
+        client::free_number(new);
+        let (token, was) = client::begin_change(new);
+        if let Some(o) = was {
+            client::release_handle(o);
+        }
+        Some(token)
+    })
+}
+
+unsafe fn replaced(new: c_int, token: Option<u64>) {
+    if let Some(token) = token {
+        client::end_change(new, token);
+    }
 }
 
 #[no_mangle]
@@ -829,14 +874,18 @@ pub unsafe extern "C" fn dup(old: c_int) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
-    replacing(old, new);
-    real::dup2(old, new)
+    let token = replacing(old, new);
+    let r = real::dup2(old, new);
+    replaced(new, token);
+    r
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
-    replacing(old, new);
-    real::dup3(old, new, flags)
+    let token = replacing(old, new);
+    let r = real::dup3(old, new, flags);
+    replaced(new, token);
+    r
 }
 
 /// fcntl: F_SETFL may change O_APPEND (the handle is registered again); a duplicate
@@ -844,9 +893,18 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
 /// word it is (an int or a pointer).
 #[no_mangle]
 pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_long) -> c_int {
-    if cmd == libc::F_SETFL {
-        forget(fd);
-    }
+    // F_SETFL: registered again once the flags are the kernel's.
+    let token = if cmd == libc::F_SETFL {
+        shim(|| {
+            let (token, was) = client::begin_change(fd);
+            if let Some(o) = was {
+                client::release_handle(o);
+            }
+            Some(token)
+        })
+    } else {
+        None
+    };
     if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
         shim(|| {
             client::shared(fd);
@@ -854,6 +912,7 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_long) -> c_int {
         });
     }
     let r = real::fcntl64(fd, cmd, arg);
+    replaced(fd, token);
     if (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) && r >= 0 {
         forget(r);
     }

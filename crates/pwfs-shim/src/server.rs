@@ -94,36 +94,58 @@ struct Session {
     dead: AtomicBool,
 }
 
+/// Registered descriptors of a session. A handle's id is its slot and the slot's
+/// generation (`slot | generation << 16`): a slot freed and taken again answers to
+/// a new id, so that a request still in flight with the old one (another thread of
+/// the client closed or replaced the descriptor meanwhile) gets EBADF, not another
+/// file.
 #[derive(Default)]
 struct Slab {
-    slots: Vec<Option<Arc<Handle>>>,
+    slots: Vec<(u32, Option<Arc<Handle>>)>,
     free: Vec<usize>,
 }
+
+/// Generations wrap at 15 bits: ids stay below 2^31 (u32::MAX means no handle).
+const GENERATIONS: u32 = 1 << 15;
 
 impl Slab {
     fn insert(&mut self, h: Handle) -> usize {
         let h = Some(Arc::new(h));
-        match self.free.pop() {
+        let i = match self.free.pop() {
             Some(i) => {
-                self.slots[i] = h;
+                self.slots[i].1 = h;
                 i
             }
             None => {
-                self.slots.push(h);
+                self.slots.push((0, h));
                 self.slots.len() - 1
             }
-        }
+        };
+        debug_assert!(i < MAX_HANDLES);
+        i | (self.slots[i].0 as usize) << 16
     }
 
-    fn get(&self, i: u64) -> Option<Arc<Handle>> {
-        self.slots.get(usize::try_from(i).ok()?)?.clone()
+    /// The slot of a handle id, if its generation is the slot's.
+    fn slot(&self, id: u64) -> Option<usize> {
+        let i = usize::try_from(id & 0xffff).ok()?;
+        (id >> 16 == self.slots.get(i)?.0 as u64).then_some(i)
     }
 
-    fn remove(&mut self, i: u64) -> Option<Arc<Handle>> {
-        let i = usize::try_from(i).ok()?;
-        let h = self.slots.get_mut(i)?.take()?;
+    fn get(&self, id: u64) -> Option<Arc<Handle>> {
+        self.slots[self.slot(id)?].1.clone()
+    }
+
+    fn remove(&mut self, id: u64) -> Option<Arc<Handle>> {
+        let i = self.slot(id)?;
+        let slot = &mut self.slots[i];
+        let h = slot.1.take()?;
+        slot.0 = (slot.0 + 1) % GENERATIONS;
         self.free.push(i);
         Some(h)
+    }
+
+    fn live(&self) -> usize {
+        self.slots.len() - self.free.len()
     }
 }
 
@@ -513,7 +535,7 @@ fn register(shared: &Shared, s: &Session, fd: &OwnedFd) -> Result<(u64, bool), i
         _ => 0,
     };
     let mut handles = s.handles.write();
-    if handles.slots.len() - handles.free.len() >= MAX_HANDLES {
+    if handles.live() >= MAX_HANDLES {
         return Err(libc::EMFILE);
     }
     let h = handles.insert(Handle { file, sync });
@@ -728,7 +750,11 @@ mod tests {
         assert!(slab.remove(a as u64).is_none());
         assert!(slab.get(a as u64).is_none() && slab.get(u64::MAX).is_none());
         let c = slab.insert(h(fs.open_ino_file(ino, true, true, false).unwrap()));
-        assert_eq!(c, a);
+        assert_eq!(c & 0xffff, a & 0xffff, "the slot is reused");
+        assert_ne!(c, a, "under a new id");
+        assert!(slab.get(a as u64).is_none(), "the old id reaches nothing");
+        assert!(slab.remove(a as u64).is_none());
+        assert!(slab.get(c as u64).is_some());
         assert!(fs.open_ino_file(pwfs::format::ROOT_INO, true, false, false).is_err());
     }
 }
