@@ -32,7 +32,8 @@ enum Cmd {
         #[arg(long)]
         journal_blocks: Option<u64>,
     },
-    /// Check every invariant of an image; exit 1 if any is violated. Never repairs.
+    /// Check every invariant of an image. Never repairs. Exits 0 if clean, 4 if
+    /// damaged, 8 if it could not check (not a pwfs image, unreadable).
     Fsck { image: PathBuf },
     /// Print the superblock and usage of an image.
     Info { image: PathBuf },

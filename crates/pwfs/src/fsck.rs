@@ -557,8 +557,22 @@ fn check_xattrs(rd: &Reader<'_>, claims: &mut Claims<'_>, r: &mut Report, ino: u
         let h = f::xattr_decode_head(&b, ino).map_err(|e| e.to_string())?;
         Ok(h)
     });
+    // An ACL the engine cannot decode fails every create in its directory, or a
+    // chmod of its file, with EINVAL.
+    let check_acls = |r: &mut Report, entries: &f::Xattrs| {
+        for (name, value) in entries {
+            if name == crate::fs::perm::ACL_ACCESS || name == crate::fs::perm::ACL_DEFAULT {
+                if let Err(e) = crate::fs::perm::Acl::decode(value) {
+                    err(r, format!("inode {ino}: {}: {e}", String::from_utf8_lossy(name)));
+                }
+            }
+        }
+    };
     match decoded {
-        Ok(f::XattrHead::Legacy(_)) => 1,
+        Ok(f::XattrHead::Legacy(entries)) => {
+            check_acls(r, &entries);
+            1
+        }
         Ok(f::XattrHead::Chained { count, conts, part }) => {
             let mut stream = part;
             for (i, c) in conts.iter().enumerate() {
@@ -572,8 +586,9 @@ fn check_xattrs(rd: &Reader<'_>, claims: &mut Claims<'_>, r: &mut Report, ino: u
                     Err(e) => err(r, format!("inode {ino}: xattr block {c}: {e}")),
                 }
             }
-            if let Err(e) = f::xattr_parse(&stream, count) {
-                err(r, format!("inode {ino}: extended attributes: {e}"));
+            match f::xattr_parse(&stream, count) {
+                Ok(entries) => check_acls(r, &entries),
+                Err(e) => err(r, format!("inode {ino}: extended attributes: {e}")),
             }
             1 + conts.len() as u64
         }

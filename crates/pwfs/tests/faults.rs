@@ -621,6 +621,24 @@ fn fsck_finds_damage_that_keeps_the_counts_right() {
     let r = found(&img, "an entry naming the root");
     assert!(r.errors.iter().any(|e| e.contains("root")), "{:?}", r.errors);
 
+    // An access ACL the engine cannot decode (a version it does not know), in an
+    // attribute block that is otherwise whole.
+    let mut img = good.clone();
+    let dev = Arc::new(MemDevice::from_vec(img.clone()));
+    let fs = Fs::mount(dev.clone(), test_config()).unwrap();
+    fs.setxattr(a, b"user.x", b"1", false, false).unwrap();
+    fs.unmount().unwrap();
+    img.copy_from_slice(&dev.snapshot());
+    let head = get(&img, a).xattr_block;
+    assert_ne!(head, 0);
+    let bad_acl = [9u8, 0, 0, 0, 1, 0, 6, 0, 0, 0, 0, 0];
+    let entries = vec![(b"system.posix_acl_access".to_vec(), bad_acl.to_vec()), (b"user.x".to_vec(), b"1".to_vec())];
+    let blocks = f::xattr_encode(a, &entries, &[head]);
+    img[block(head)].copy_from_slice(&blocks[0]);
+    fsck_clean(&MemDevice::from_vec(good.clone()));
+    let r = found(&img, "an ACL that does not decode");
+    assert!(r.errors.iter().any(|e| e.contains("posix_acl_access")), "{:?}", r.errors);
+
     // An extent block pointing at itself, under the largest extent count.
     let mut img = good.clone();
     let spare = sb.data_end - 8;

@@ -162,7 +162,7 @@ pub fn mkfs_with_progress(
 pub fn read_superblock(dev: &dyn Device) -> Result<(Superblock, bool)> {
     let total = dev.len() / BLOCK;
     if total < 64 {
-        return Err(Error::corrupt(format!("device too small to hold a pwfs image ({} bytes)", dev.len())));
+        return Err(Error::corrupt(format!("not a pwfs image: too small to hold one ({} bytes)", dev.len())));
     }
     let read = |b: u64| -> Result<AlignedBuf> {
         let (buf, r) = dev.read(b * BLOCK, dev.alloc(BLOCK_SIZE));
