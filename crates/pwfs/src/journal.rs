@@ -629,8 +629,13 @@ pub fn plan(scan: &Scan) -> Result<BTreeMap<u64, Vec<u8>>> {
 
 /// Replay a scan onto the device and empty the log. Idempotent: a crash during replay
 /// leaves the header untouched, and the next mount replays the same images again.
+#[cfg(test)]
 pub fn replay(dev: &dyn Device, sb: &Superblock, scan: &Scan) -> Result<usize> {
-    let images = plan(scan)?;
+    replay_planned(dev, sb, scan, plan(scan)?)
+}
+
+/// Write `images` (`plan(scan)`) home, flush, and start the log after `scan`.
+pub fn replay_planned(dev: &dyn Device, sb: &Superblock, scan: &Scan, images: BTreeMap<u64, Vec<u8>>) -> Result<usize> {
     let n = images.len();
     if !scan.transactions.is_empty() {
         let ops: Vec<Op> = images

@@ -223,18 +223,21 @@ impl Fs {
         // and this mount writes no superblock.
         let restored = used_backup && checked && !config.read_only && mount::restore_primary(&*dev, &sb)?;
         let on_backup = used_backup && !restored;
+        // The journal is read and its replay worked out before anything is written:
+        // a log that cannot be replayed (a delta without its base) refuses the image
+        // unchanged, upgrade and state word included.
+        let scan = journal::scan(&*dev, &sb)?;
+        let plan = journal::plan(&scan)?;
         if !config.read_only && !on_backup && sb.version < f::VERSION {
             mount::upgrade(&*dev, &mut sb)?;
         }
         let clean = mount::CleanFlag::new(&sb, on_backup, config.read_only);
-        let scan = journal::scan(&*dev, &sb)?;
         let mut report = MountReport {
             used_backup_superblock: used_backup,
             transactions_replayed: scan.transactions.len(),
             ..Default::default()
         };
         let preloaded = if config.read_only {
-            let plan = journal::plan(&scan)?;
             // Blocks the journal would write home are read from it: metadata through
             // `Meta`'s preloaded images, file data (hitchhiked blocks) through the
             // device, which the overlay answers for them.
@@ -246,7 +249,7 @@ impl Fs {
             if !scan.transactions.is_empty() {
                 clean.before_change(&*dev, &sb)?;
             }
-            report.blocks_replayed = journal::replay(&*dev, &sb, &scan)?;
+            report.blocks_replayed = journal::replay_planned(&*dev, &sb, &scan, plan)?;
             Default::default()
         };
         // After a crash, the log starts one sequence number past the last one
