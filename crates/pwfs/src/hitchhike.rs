@@ -62,6 +62,10 @@ struct Entry {
     /// Received a synchronous write since the last aging.
     active: bool,
     retiring: Retiring,
+    /// Held by a zero range or punch (`hold_pages`) when `Buffer::commits` commits
+    /// had completed: the next commit to complete carries its revoke, and then it
+    /// leaves (the log's older contents are revoked; nothing writes them home).
+    held: Option<u64>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -89,6 +93,8 @@ struct Buffer {
     /// (each a revoke in it): with the blocks in the buffer, at most `max`, so that
     /// the revokes of a transaction stay within `reserve`.
     forgotten: usize,
+    /// Commits completed (`committed`).
+    commits: u64,
 }
 
 impl Buffer {
@@ -272,7 +278,10 @@ impl Hitchhike {
         }
         let content = Arc::new(AlignedBuf::from_slice(data));
         b.staged.push(DataBlock { block, content: content.clone(), delta });
-        b.entries.insert(block, Entry { page: page.clone(), durable: content, active: true, retiring: Retiring::No });
+        b.entries.insert(
+            block,
+            Entry { page: page.clone(), durable: content, active: true, retiring: Retiring::No, held: None },
+        );
         self.len.store(b.entries.len(), Ordering::Release);
         Route::Journal
     }
@@ -309,11 +318,13 @@ impl Hitchhike {
             return Vec::new();
         }
         let mut g = self.buf.lock();
+        let commits = g.commits;
         let mut held = Vec::new();
         for (b, e) in g.entries.iter_mut() {
             if e.page.key.0 == ino && (from..to).contains(&e.page.key.1) {
                 if e.retiring != Retiring::Written {
                     e.retiring = Retiring::Marked;
+                    e.held = Some(commits);
                 }
                 held.push(*b);
             }
@@ -348,7 +359,13 @@ impl Hitchhike {
         }
         let mut g = self.buf.lock();
         let before = g.entries.len();
-        g.entries.retain(|_, e| e.retiring != Retiring::Written);
+        // Held blocks whose revoke this commit carried (held before it began, under
+        // the commit lock) leave with the blocks it wrote home.
+        let done = g.commits;
+        g.commits += 1;
+        g.entries.retain(|_, e| {
+            e.retiring != Retiring::Written && !(e.retiring == Retiring::Marked && e.held.is_some_and(|h| h <= done))
+        });
         self.retired.fetch_add((before - g.entries.len()) as u64, Ordering::Relaxed);
         if checkpointed {
             let keep: std::collections::HashSet<u64> = logged.iter().map(|(b, _)| *b).collect();

@@ -705,3 +705,33 @@ fn crash_points_of_mixed_fsyncd_changes_env_seeds() {
         mixed_fsync_crash_points(if seed % 2 == 0 { Stack::Async } else { Stack::Sync }, seed);
     }
 }
+
+/// Carried blocks zeroed (zero range) and not written again leave the buffer once
+/// the commit that revokes them is durable: they stayed until the next checkpoint,
+/// each taking a place of the buffer (hitchhiking stopped once it was full).
+#[test]
+fn zeroed_carried_blocks_leave_the_buffer_after_their_revoke_commits() {
+    let image = formatted_image(64 * MIB, &MkfsOptions::default());
+    let dev = Arc::new(MemDevice::from_vec(image));
+    let fs = Fs::mount(dev.clone(), config(Stack::Sync, true)).unwrap();
+    let f = OpenOptions::new().read(true).write(true).create(true).open(&fs, "/z").unwrap();
+    f.write_at(&vec![1u8; 12 * 4096], 0).unwrap();
+    f.sync_all().unwrap();
+    let checkpoints = fs.journal_stats().checkpoints;
+    for i in 0..12u64 {
+        f.write_at(&record(i, 64), i * 4096).unwrap();
+        f.sync_all().unwrap();
+    }
+    let carried = fs.hitchhike_stats().buffered;
+    assert!(carried >= 10, "the small fsyncs were carried: {:?}", fs.hitchhike_stats());
+    f.allocate(libc::FALLOC_FL_ZERO_RANGE as u32, 0, 12 * 4096).unwrap();
+    f.sync_all().unwrap();
+    assert_eq!(fs.journal_stats().checkpoints, checkpoints, "no checkpoint emptied the buffer");
+    assert_eq!(fs.hitchhike_stats().buffered, 0, "{:?}", fs.hitchhike_stats());
+    assert!(read_all(&fs, "/z").iter().all(|b| *b == 0));
+    drop(f);
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+    let fs = Fs::mount(dev, test_config()).unwrap();
+    assert!(read_all(&fs, "/z").iter().all(|b| *b == 0));
+}
