@@ -147,6 +147,21 @@ fn role() {
             mapped_write(&path.with_extension("m3"), 12);
             std::fs::OpenOptions::new().write(true).open(path.with_extension("m3")).unwrap().sync_all().unwrap();
         }
+        "setfl" => {
+            // O_APPEND cleared through one descriptor of a description holds for its
+            // duplicate too (registered while it appended).
+            std::fs::write(path, b"hello").unwrap();
+            let a = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+            // SAFETY: dup, fcntl, lseek and write on open descriptors.
+            unsafe {
+                let b = libc::dup(a.as_raw_fd());
+                assert_eq!(libc::write(b, b"1".as_ptr() as *const libc::c_void, 1), 1);
+                assert_eq!(libc::fcntl(a.as_raw_fd(), libc::F_SETFL, 0), 0);
+                assert_eq!(libc::lseek(b, 0, libc::SEEK_SET), 0);
+                assert_eq!(libc::write(b, b"X".as_ptr() as *const libc::c_void, 1), 1);
+                libc::close(b);
+            }
+        }
         r => panic!("unknown role {r}"),
     }
     println!("\n@carried {}", carried());
@@ -503,6 +518,18 @@ fn a_mapping_of_a_file_grown_through_the_shim_reaches_its_new_end() {
     let data = std::fs::read(&f).unwrap();
     assert_eq!(data.len(), 128 << 10);
     assert_eq!((data[70_000], data[(128 << 10) - 8], &data[(128 << 10) - 4..]), (b'Z', b'M', &b"tail"[..]));
+}
+
+#[test]
+fn o_append_cleared_through_one_descriptor_holds_for_its_duplicate() {
+    let _s = serial();
+    if !can_mount() {
+        return;
+    }
+    let m = mount("setfl");
+    let f = m.mp.join("f");
+    run_shim("setfl", &[f.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&f).unwrap(), b"Xello1");
 }
 
 #[test]

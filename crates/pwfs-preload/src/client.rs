@@ -272,6 +272,17 @@ pub fn stop_carrying(fd: i32) {
     }
 }
 
+/// Forget every carried descriptor whose description may be shared (its O_APPEND was
+/// changed through another descriptor of it: registered again with the new flags).
+pub fn forget_shared() {
+    let high = HIGH_FD.load(Ordering::Relaxed).min(MAX_FDS);
+    for (fd, e) in FDS.iter().enumerate().take(high) {
+        if decode(e.load(Ordering::Acquire)).is_some_and(|o| !o.private) {
+            forget(fd as i32);
+        }
+    }
+}
+
 /// Forget every descriptor from `first` to `last` (close_range, closefrom).
 pub fn forget_range(first: u32, last: u32) {
     let last = (last as usize).min(MAX_FDS - 1);

@@ -896,6 +896,12 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_long) -> c_int {
     // F_SETFL: registered again once the flags are the kernel's.
     let token = if cmd == libc::F_SETFL {
         shim(|| {
+            // O_APPEND changing: every descriptor of the description (dup, fork) sees
+            // it, and the ones registered carry the old flag.
+            let before = real::fcntl64(fd, libc::F_GETFL, 0);
+            if before >= 0 && (before ^ arg as c_int) & libc::O_APPEND != 0 {
+                client::forget_shared();
+            }
             let (token, was) = client::begin_change(fd);
             if let Some(o) = was {
                 client::release_handle(o);

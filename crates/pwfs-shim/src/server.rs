@@ -402,7 +402,8 @@ fn fsetid_and_groups(pid: i32) -> (bool, Vec<u32>) {
     (caps & (1 << CAP_FSETID) != 0, groups.collect())
 }
 
-fn peer_pid(sock: &OwnedFd) -> Option<i32> {
+/// The peer's process and its effective user at connect (SO_PEERCRED).
+fn peer(sock: &OwnedFd) -> Option<(i32, u32)> {
     let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: getsockopt into a ucred of the right size.
@@ -415,7 +416,7 @@ fn peer_pid(sock: &OwnedFd) -> Option<i32> {
             &mut len,
         )
     };
-    (r == 0).then_some(cred.pid)
+    (r == 0).then_some((cred.pid, cred.uid))
 }
 
 /// Whether process `pid` is in this process's user namespace (a capability in another
@@ -426,10 +427,14 @@ fn same_userns(pid: i32) -> bool {
 }
 
 fn session(shared: Arc<Shared>, sock: OwnedFd) {
-    let (fsetid, groups) = match peer_pid(&sock) {
-        Some(pid) => {
+    // CAP_FSETID is read from /proc after the connect: the peer may have exec'd a
+    // set-user-ID program since (a child holding the socket). Only a peer that was
+    // root when it connected is believed, as the kernel's check at the write would
+    // find it (a non-root holder of the capability gets set-ID bits cleared).
+    let (fsetid, groups) = match peer(&sock) {
+        Some((pid, uid)) => {
             let (fsetid, groups) = fsetid_and_groups(pid);
-            (fsetid && same_userns(pid), groups)
+            (fsetid && uid == 0 && same_userns(pid), groups)
         }
         None => (false, Vec::new()),
     };
