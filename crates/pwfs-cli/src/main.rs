@@ -242,11 +242,28 @@ fn parse_size(s: &str) -> Result<u64, String> {
     n.checked_mul(mult).ok_or_else(|| format!("size too large: {s}"))
 }
 
+/// What the engine reports from its background threads (a failed write-back or
+/// commit, a write lost to a failed fetch, a repaired superblock) goes to stderr:
+/// warnings and errors, or what `PWFS_LOG` asks for (`info`, `debug`, `pwfs=trace`:
+/// tracing's filter syntax). A daemon's stderr is its log file (`pwfs mount --daemon`).
+fn log_to_stderr() {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("PWFS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .try_init();
+}
+
 fn main() -> ExitCode {
     if helper::called_as_helper() {
         return helper::main();
     }
     let cli = Cli::parse();
+    log_to_stderr();
     // A command that only prints (info, fsck, stat) piped into `head` ends quietly on
     // SIGPIPE, as other tools do, instead of failing to print. Not the others (a mount
     // serves sockets whose peers may go away, a benchmark runs programs).

@@ -30,6 +30,20 @@ fn block_signals() -> libc::sigset_t {
     }
 }
 
+/// A daemon's stderr, where the engine's warnings and errors go, is the mount's log
+/// file (`log_file`), from before the mount on; a failure to mount also reaches the
+/// waiting parent through its pipe.
+fn log_to_file(mountpoint: &Path) {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::create_dir_all(RUN_DIR);
+    let log = std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(log_file(mountpoint));
+    if let Ok(log) = log {
+        // SAFETY: dup2 of a descriptor this process holds onto its stderr.
+        unsafe { libc::dup2(log.as_raw_fd(), 2) };
+    }
+}
+
 /// Fork; the parent waits until the child reports the mount and exits with its
 /// status. Returns the pipe the child reports on.
 /// `failed`: the waiting parent's exit code when the mount fails (mount(8)'s 32 for
@@ -111,6 +125,9 @@ pub fn run(a: &MountArgs) -> Result<ExitCode, String> {
     // The mount helper answers mount(8): 32 is "mount failure".
     let failed = if a.create { 2 } else { 32 };
     let mut report = if a.daemon { Some(daemonize(failed)?) } else { None };
+    if report.is_some() {
+        log_to_file(&a.mountpoint);
+    }
     let result = serve(a, &mut report);
     if let (Err(e), Some(p)) = (&result, report.as_mut()) {
         // The waiting parent prints it and exits non-zero.
@@ -215,10 +232,11 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
     match report.take() {
         Some(mut p) => {
             let _ = write!(p, "ok{out}");
-            // SAFETY: detach stdio from the terminal; /dev/null stands in.
+            // Detach stdin and stdout from the terminal (stderr is the log already).
+            // SAFETY: dup2 of a descriptor this process holds onto its stdio.
             unsafe {
                 let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
-                for fd in 0..3 {
+                for fd in 0..2 {
                     libc::dup2(null, fd);
                 }
             }
@@ -411,6 +429,11 @@ fn runtime_file(mountpoint: &Path, ext: &str) -> PathBuf {
 /// Where the serving process of `mountpoint` keeps its live counters.
 fn stats_file(mountpoint: &Path) -> PathBuf {
     runtime_file(mountpoint, "stats")
+}
+
+/// The log of a daemon serving `mountpoint` (its stderr), kept after it exits.
+pub fn log_file(mountpoint: &Path) -> PathBuf {
+    runtime_file(mountpoint, "log")
 }
 
 /// The control socket of the serving process of `mountpoint` (see `control`).

@@ -9,7 +9,7 @@ mod common;
 use common::*;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 #[test]
@@ -475,5 +475,52 @@ fn goingdown_drops_what_is_not_durable_and_the_next_mount_recovers() {
     assert!(child.wait().unwrap().success());
     let (clean, report) = fsck(&img);
     assert!(clean && !report.contains("note:"), "{report}");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// What the engine reports in the background reaches the user: on stderr in the
+/// foreground, in the mount's log file (/run/pwfs/<mount point>.log) for a daemon.
+/// A damaged primary superblock, repaired at mount, is one such warning.
+#[test]
+fn a_daemon_logs_its_warnings_to_its_log_file() {
+    let _serial = serial();
+    if !can_mount() {
+        return;
+    }
+    let d = dir("log");
+    let (img, mp) = (d.join("i.img"), d.join("mnt"));
+    let (img_s, mp_s) = (img.to_str().unwrap(), mp.to_str().unwrap());
+    let (ok, out, err) = pwfs(&["mkfs", img_s, "--size", "64M"]);
+    assert!(ok, "{out}{err}");
+    let damage = || {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
+        f.write_all_at(&[0xff], 100).unwrap();
+    };
+    damage();
+    let log =
+        Path::new("/run/pwfs").join(format!("{}.log", mp.canonicalize().unwrap().to_str().unwrap().replace('/', "%")));
+    let _ = std::fs::remove_file(&log);
+    let (ok, out, err) = pwfs(&["mount", img_s, mp_s, "--cache", "16M", "--daemon"]);
+    assert!(ok, "{out}{err}");
+    let (ok, out, err) = pwfs(&["umount", mp_s]);
+    assert!(ok, "{out}{err}");
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(text.contains("primary superblock was damaged"), "log: {text:?}");
+    // In the foreground: stderr.
+    damage();
+    let mut kid = Command::new(PWFS)
+        .args(["mount", img_s, mp_s, "--cache", "16M"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the mount", || mounted(&mp));
+    let (ok, out, err) = pwfs(&["umount", mp_s]);
+    assert!(ok, "{out}{err}");
+    let out = kid.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("WARN") && err.contains("primary superblock was damaged"), "stderr: {err}");
+    let _ = std::fs::remove_file(&log);
     std::fs::remove_dir_all(&d).unwrap();
 }
