@@ -509,7 +509,7 @@ fn a_daemon_logs_its_warnings_to_its_log_file() {
     assert!(text.contains("primary superblock was damaged"), "log: {text:?}");
     // In the foreground: stderr.
     damage();
-    let mut kid = Command::new(PWFS)
+    let kid = Command::new(PWFS)
         .args(["mount", img_s, mp_s, "--cache", "16M"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
