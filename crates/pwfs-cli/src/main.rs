@@ -144,7 +144,7 @@ enum Cmd {
         only: Vec<String>,
         /// Run nothing: draw the plot of `pwfs bench aios` from these JSON records
         /// (comma-separated; their rows merged, a later record's row winning) into
-        /// DIR/aios.svg.
+        /// aios.svg beside the first record.
         #[arg(long, value_delimiter = ',')]
         replot: Vec<PathBuf>,
     },

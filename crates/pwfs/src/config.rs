@@ -1,8 +1,9 @@
 //! Configuration, and the off-switch of every mechanism (DESIGN.md §1).
 //!
-//! Only the baselines are implemented so far; each enum is the seam its mechanism
-//! plugs into, and asking for a mechanism that is not built yet is refused at mount
-//! with EINVAL rather than silently ignored.
+//! Mechanisms 1 (non-blocking writes), 3 (hitchhiking) and 4 (the asynchronous stack)
+//! are built and on by default; 2 (range locks) and 5 (the direct path) are not yet:
+//! each enum is the seam its mechanism plugs into, and asking for one not built is
+//! refused at mount with EINVAL rather than silently ignored.
 
 use std::time::Duration;
 

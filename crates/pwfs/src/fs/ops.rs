@@ -1,7 +1,7 @@
 //! Inode-level operations: what a FUSE front end calls, and what the path API is
 //! built on. Permissions are not checked here (the kernel does it for FUSE with
-//! `default_permissions`; embedders are trusted); atime is not updated on read
-//! (noatime). See docs/DECISIONS.md.
+//! `default_permissions`; embedders are trusted); atime is updated on read only
+//! with `Config::atime` (the relatime rule; noatime otherwise). See docs/DECISIONS.md.
 
 use super::api::{DirEntry, FileType, Metadata, PrivChange, SetAttr, StatFs, TimeSet};
 use super::attrflags::{deny_change, deny_immutable, deny_write};
