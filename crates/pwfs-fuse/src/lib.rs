@@ -1017,7 +1017,11 @@ impl Filesystem for PwFuse {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        // The kernel's `file_modified` no longer clears privileges (V2): here.
+        // The kernel's `file_modified` no longer clears privileges (V2): here, once
+        // the call is known to go ahead (a refused one keeps the bits, as on ext4).
+        if let Err(e) = self.fs.fallocate_check(ino.0, mode as u32, offset, length) {
+            return reply.error(errno(e));
+        }
         if let Err(e) = self.kill_privs(req, ino.0, PrivChange::Write) {
             return reply.error(errno(e));
         }

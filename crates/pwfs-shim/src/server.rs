@@ -713,8 +713,13 @@ fn answer(shared: &Shared, s: &Session, ch: &Channel) -> Result<(i64, u64), i32>
             r.map(|_| (0, 0)).map_err(e)
         }
         Op::Fallocate => {
-            kill_privs(shared, s, &handle, PrivChange::Write)?;
             let mode = u32::try_from(c).map_err(|_| libc::EINVAL)?;
+            // A call refused keeps the set-ID bits (the kernel checks first).
+            if !f.is_writable() {
+                return Err(libc::EBADF);
+            }
+            fs.fallocate_check(ino, mode, a, b).map_err(e)?;
+            kill_privs(shared, s, &handle, PrivChange::Write)?;
             let r = f.allocate(mode, a, b);
             shared.changed(ino);
             r.map(|_| (0, 0)).map_err(e)

@@ -41,6 +41,8 @@ pub enum ErrorKind {
     AccessDenied,
     /// ENOMEM: a whole-file read larger than memory.
     NoMemory,
+    /// ESPIPE: fallocate of a FIFO.
+    IllegalSeek,
 }
 
 #[derive(Debug, Clone)]
@@ -88,6 +90,7 @@ impl Error {
             ErrorKind::AccessDenied => libc::EACCES,
             ErrorKind::TooBig => libc::E2BIG,
             ErrorKind::NoMemory => libc::ENOMEM,
+            ErrorKind::IllegalSeek => libc::ESPIPE,
         }
     }
 }

@@ -1035,8 +1035,21 @@ impl Fs {
             PrivChange::Attributes => f::INODE_FLAG_IMMUTABLE | f::INODE_FLAG_APPEND,
             _ => f::INODE_FLAG_IMMUTABLE,
         };
-        if cell.lock().d.flags & refused != 0 {
+        let (flags, mode, gid) = {
+            let node = cell.lock();
+            (node.d.flags, node.d.mode, node.d.gid)
+        };
+        if flags & refused != 0 {
             return Ok(false);
+        }
+        // As ext4: the set-ID bits a write or fallocate would clear are a mode change,
+        // which an append-only file refuses (EPERM, the bits kept, the call not made).
+        if let Some(in_group) = setid {
+            let outsider = perm::sgid_asks_group(mode) && !in_group(gid);
+            let append_only = flags & f::INODE_FLAG_APPEND != 0 && change != PrivChange::CachedWrite;
+            if append_only && perm::setid_to_clear(mode, outsider) != 0 {
+                return Err(Error::not_permitted("clearing set-ID bits of an append-only file"));
+            }
         }
         let mut changed = match setid {
             Some(in_group) => self.remove_privs(ino, in_group)?,

@@ -38,16 +38,19 @@ const PIECE_EXTENTS: u64 = 64;
 const PIECE_BLOCKS: u64 = 1 << 16;
 
 impl Fs {
-    /// fallocate(2) on inode `ino`: `mode` is 0 or FALLOC_FL_* bits, with the errors
-    /// of Linux's vfs_fallocate and ext4 (EINVAL, EOPNOTSUPP, EFBIG, ENODEV, EISDIR,
-    /// ENOSPC).
-    pub fn fallocate(&self, ino: u64, mode: u32, offset: u64, len: u64) -> Result<()> {
+    /// The checks fallocate(2) makes before it changes anything (mode, range, kind of
+    /// file, immutable and append-only flags): a front end that clears set-ID bits
+    /// first (`kill_privs`) calls this before, as the kernel refuses these calls with
+    /// the bits kept.
+    pub fn fallocate_check(&self, ino: u64, mode: u32, offset: u64, len: u64) -> Result<std::sync::Arc<InodeCell>> {
         self.inner.check_writable()?;
         check_mode(mode, offset, len)?;
         let cell = self.inner.cell(ino)?;
         match cell.kind {
             f::S_IFREG => {}
             f::S_IFDIR => return Err(Error::is_dir("")),
+            // As vfs_fallocate.
+            f::S_IFIFO => return Err(Error::new(ErrorKind::IllegalSeek, "fallocate of a FIFO")),
             _ => return Err(Error::new(ErrorKind::NoDevice, "fallocate of a special file")),
         }
         {
@@ -59,6 +62,14 @@ impl Fs {
                 super::attrflags::deny_change(&node)?;
             }
         }
+        Ok(cell)
+    }
+
+    /// fallocate(2) on inode `ino`: `mode` is 0 or FALLOC_FL_* bits, with the errors
+    /// of Linux's vfs_fallocate and ext4 (EINVAL, EOPNOTSUPP, EFBIG, ENODEV, EISDIR,
+    /// ENOSPC).
+    pub fn fallocate(&self, ino: u64, mode: u32, offset: u64, len: u64) -> Result<()> {
+        let cell = self.fallocate_check(ino, mode, offset, len)?;
         let end = offset + len;
         match mode & !FALLOC_FL_KEEP_SIZE {
             0 => {
@@ -68,16 +79,17 @@ impl Fs {
                 self.set_size_at_least(&cell, end, mode & FALLOC_FL_KEEP_SIZE == 0, true)?;
             }
             FALLOC_FL_PUNCH_HOLE => {
-                // As ext4: nothing at or past the end of the file; a hole running
-                // past it ends with the end's block (blocks preallocated beyond it
-                // stay); a punch changes both times.
+                // As ext4 (Linux 6.18): no block at or past the end of the file
+                // changes; a hole running past it ends with the end's block (blocks
+                // preallocated beyond it stay); a punch changes both times, even one
+                // past the end (ext4_fallocate's file_modified comes first).
                 // The file's lock for the whole change, the size read under it: a
                 // truncate or write in between would otherwise see half a punch, or
                 // have the file grown back by the edges' zeros.
                 let _io = cell.io.write();
                 let size = cell.lock().d.size;
                 if offset >= size {
-                    return Ok(());
+                    return self.set_size_at_least(&cell, 0, false, true);
                 }
                 let end = end.min(size.next_multiple_of(BLOCK));
                 self.zero_edges(&cell, offset, end)?;
@@ -234,7 +246,11 @@ impl Fs {
                 let node = cell.lock();
                 node.map_data(i).is_some() || node.reserved.contains(&i) || node.converting.contains(&i)
             };
-            if held || self.inner.cache.get((cell.ino, i)).is_some() {
+            // A block not held (no data, no reservation, not being converted) reads
+            // as zeros, its cached page too (a hole's page is zero-filled, and every
+            // write reserves or converts): nothing to write, nothing to allocate (a
+            // punch that allocated could fail with ENOSPC, and grew st_blocks).
+            if held {
                 self.write_locked(cell, a, &vec![0u8; (b - a) as usize], false)?;
             }
         }
@@ -393,7 +409,8 @@ fn check_mode(mode: u32, offset: u64, len: u64) -> Result<()> {
     }
     for only in [FALLOC_FL_COLLAPSE_RANGE, FALLOC_FL_INSERT_RANGE] {
         if mode & only != 0 && mode != only {
-            return Err(Error::invalid("collapse/insert range with other mode bits"));
+            // EOPNOTSUPP since Linux 6.15's check of the mode (EINVAL before).
+            return Err(Error::unsupported("collapse/insert range with other mode bits"));
         }
     }
     if op.count_ones() > 1 {
