@@ -126,6 +126,10 @@ pub fn parse_options(opts: &str, sloppy: bool, o: &mut MountOpts) -> Result<(), 
             ("dirsync", None) => flag(o, libc::MS_DIRSYNC, true),
             // For mount(8) and systemd, not for the file system.
             ("defaults" | "_netdev" | "nofail" | "auto" | "noauto", None) => {}
+            // User mounts: libmount checks them and adds nosuid, nodev, noexec itself
+            // (libfuse's helper ignores them too).
+            ("user" | "users" | "nouser" | "nousers" | "owner" | "group", None) => {}
+            ("user" | "uhelper", Some(_)) => {}
             // FUSE's own kernel options, which pwfs sets itself: mount(8) passes them back
             // from /proc/self/mountinfo at a remount.
             ("default_permissions", None) => {}
@@ -135,7 +139,7 @@ pub fn parse_options(opts: &str, sloppy: bool, o: &mut MountOpts) -> Result<(), 
             _ => {
                 return Err(format!(
                     "unknown mount option {item:?} (pwfs takes cache=SIZE, fetch=POLICY, stack=sync|async, poll=on|off, kernel_cache=MODE, threads=N, \
-                     check, allow_other, fsname=NAME, and ro/rw, suid/nosuid, dev/nodev, exec/noexec, \
+                     shim=on|off, hitchhike=on|off, check, allow_other, fsname=NAME, and ro/rw, suid/nosuid, dev/nodev, exec/noexec, \
                      the atime options, sync/async, dirsync)"
                 ))
             }

@@ -247,27 +247,27 @@ fn parse_size(s: &str) -> Result<u64, String> {
 /// warnings and errors, or what `PWFS_LOG` asks for (`info`, `debug`, `pwfs=trace`:
 /// tracing's filter syntax). A daemon's stderr is its log file (`pwfs mount --daemon`).
 fn log_to_stderr() {
-    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("PWFS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
+        // No colours: a daemon's stderr becomes its log file after this.
+        .with_ansi(false)
         .with_target(false)
         .try_init();
 }
 
 fn main() -> ExitCode {
+    log_to_stderr();
     if helper::called_as_helper() {
         return helper::main();
     }
     let cli = Cli::parse();
-    log_to_stderr();
     // A command that only prints (info, fsck, stat) piped into `head` ends quietly on
     // SIGPIPE, as other tools do, instead of failing to print. Not the others (a mount
     // serves sockets whose peers may go away, a benchmark runs programs).
-    if matches!(cli.cmd, Cmd::Info { .. } | Cmd::Fsck { .. } | Cmd::Stat { .. }) {
+    if matches!(cli.cmd, Cmd::Info { .. } | Cmd::Fsck { .. } | Cmd::Stat { .. } | Cmd::Mkfs { .. }) {
         // SAFETY: setting a signal's disposition to the default; no handler is involved.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }

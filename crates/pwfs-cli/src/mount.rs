@@ -48,7 +48,7 @@ fn log_to_file(mountpoint: &Path) {
 /// status. Returns the pipe the child reports on.
 /// `failed`: the waiting parent's exit code when the mount fails (mount(8)'s 32 for
 /// the mount helper).
-fn daemonize(failed: i32) -> Result<std::fs::File, String> {
+fn daemonize(failed: i32, log: &Path) -> Result<std::fs::File, String> {
     let mut fds = [0; 2];
     // SAFETY: pipe/fork/setsid before any thread exists (called first thing).
     unsafe {
@@ -71,7 +71,11 @@ fn daemonize(failed: i32) -> Result<std::fs::File, String> {
                     print!("{out}");
                     std::process::exit(0);
                 }
-                eprint!("{msg}");
+                if msg.is_empty() {
+                    eprintln!("pwfs: the serving process exited before it mounted; see {}", log.display());
+                } else {
+                    eprint!("{msg}");
+                }
                 std::process::exit(failed);
             }
         }
@@ -124,7 +128,7 @@ pub struct MountArgs {
 pub fn run(a: &MountArgs) -> Result<ExitCode, String> {
     // The mount helper answers mount(8): 32 is "mount failure".
     let failed = if a.create { 2 } else { 32 };
-    let mut report = if a.daemon { Some(daemonize(failed)?) } else { None };
+    let mut report = if a.daemon { Some(daemonize(failed, &log_file(&a.mountpoint))?) } else { None };
     if report.is_some() {
         log_to_file(&a.mountpoint);
     }
@@ -241,16 +245,24 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
                 }
             }
         }
-        None => print!("{out}"),
-    }
-    // Live counters for `pwfs stat` without the socket, rewritten every second.
-    let (fs2, path2) = (fs.clone(), stats_path.clone());
-    std::thread::spawn(move || loop {
-        if let Some(dir) = path2.parent() {
-            let _ = std::fs::create_dir_all(dir);
+        None => {
+            let mut o = std::io::stdout();
+            let _ = o.write_all(out.as_bytes()).and_then(|_| o.flush());
         }
-        let _ = std::fs::write(&path2, render_stats(&fs2));
-        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
+    // Live counters for `pwfs stat` without the socket, rewritten every second until
+    // the unmount (then removed, and not written again).
+    let (fs2, path2) = (fs.clone(), stats_path.clone());
+    let stats_stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = stats_stop.clone();
+    let stats_thread = std::thread::spawn(move || {
+        while !stop2.load(std::sync::atomic::Ordering::Acquire) {
+            if let Some(dir) = path2.parent() {
+                let _ = std::fs::create_dir_all(dir);
+            }
+            let _ = std::fs::write(&path2, render_stats(&fs2));
+            std::thread::park_timeout(std::time::Duration::from_secs(1));
+        }
     });
     let (tx, rx) = mpsc::channel();
     let tx2 = tx.clone();
@@ -271,14 +283,14 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
             // now (or what was under it) is not ours to remove.
             Ok(Event::Signal) => match unmounter.unmount() {
                 Ok(true) => {}
-                Ok(false) => eprintln!(
-                    "pwfs: {} is no longer this daemon's mount (moved or unmounted); not unmounting it",
+                Ok(false) => say(format_args!(
+                    "pwfs: {} is no longer this daemon's mount (moved or unmounted); not unmounting it\n",
                     mountpoint.display()
-                ),
-                Err(e) => eprintln!(
-                    "pwfs: cannot unmount {}: {e}; retrying when the next signal arrives",
+                )),
+                Err(e) => say(format_args!(
+                    "pwfs: cannot unmount {}: {e}; retrying when the next signal arrives\n",
                     mountpoint.display()
-                ),
+                )),
             },
             Ok(Event::Unmounted(r)) => {
                 served = r;
@@ -289,6 +301,9 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
     }
     drop(control);
     SHIM.lock().unwrap_or_else(|e| e.into_inner()).take();
+    stats_stop.store(true, std::sync::atomic::Ordering::Release);
+    stats_thread.thread().unpark();
+    let _ = stats_thread.join();
     let _ = std::fs::remove_file(&stats_path);
     // Flushed even when serving ended with an error: what was acknowledged is written.
     let down = fs.is_down();
@@ -296,11 +311,21 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
     served.map_err(|e| format!("serving {}: {e}", mountpoint.display()))?;
     flushed?;
     if down {
-        eprintln!("pwfs: {} unmounted after a shutdown; the image is as a power cut left it", mountpoint.display());
+        say(format_args!(
+            "pwfs: {} unmounted after a shutdown; the image is as a power cut left it\n",
+            mountpoint.display()
+        ));
     } else {
-        eprintln!("pwfs: {} unmounted; data flushed, journal empty", mountpoint.display());
+        say(format_args!("pwfs: {} unmounted; data flushed, journal empty\n", mountpoint.display()));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A message of a serving process on stderr. A terminal hung up or a pipe closed (EIO,
+/// EPIPE) must not end it: `eprintln!` panics then, and a daemon that panics leaves a
+/// dead mount and its last changes unwritten.
+fn say(args: std::fmt::Arguments<'_>) {
+    let _ = std::io::stderr().write_fmt(args);
 }
 
 /// Bytes of file data Patchwork caches by default.

@@ -23,6 +23,16 @@
 //! (`Fs::go_down`) for crash tests. Without root it falls back to fuser's mount
 //! through `fusermount3`.
 
+/// A message of the serving process on stderr, which may be a hung-up terminal or a
+/// closed pipe: a failed write is dropped (`eprintln!` would panic and leave a dead
+/// mount).
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
     MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
@@ -649,7 +659,7 @@ impl Filesystem for PwFuse {
             return;
         }
         if let Err(e) = self.fs.sync() {
-            eprintln!("pwfs: sync at unmount failed: {e}");
+            say!("pwfs: sync at unmount failed: {e}");
         }
     }
 
@@ -1333,13 +1343,13 @@ impl Filesystem for PwFuse {
         let flags = match caller_ioctl_arg(req.pid(), cmd) {
             Ok(f) => f,
             Err(e) => {
-                eprintln!("pwfs: XFS_IOC_GOINGDOWN from pid {}: cannot read its flags: {e}", req.pid());
+                say!("pwfs: XFS_IOC_GOINGDOWN from pid {}: cannot read its flags: {e}", req.pid());
                 return reply.error(Errno::EINVAL);
             }
         };
         let Some(mode) = pwfs::GoingDown::from_flags(flags) else { return reply.error(Errno::EINVAL) };
         let flushed = self.fs.go_down(mode);
-        eprintln!("pwfs: shut down by XFS_IOC_GOINGDOWN ({mode:?}); every operation fails with EIO now");
+        say!("pwfs: shut down by XFS_IOC_GOINGDOWN ({mode:?}); every operation fails with EIO now");
         if let Some(finished) = self.forget_kernel_caches() {
             // Bounded: an invalidation stuck behind a page lock must not hang the caller.
             let _ = finished.recv_timeout(Duration::from_secs(2));
@@ -1350,7 +1360,7 @@ impl Filesystem for PwFuse {
             // Down all the same, but the flush asked for before it failed: the caller
             // must not believe the log reached the disk.
             Err(e) => {
-                eprintln!("pwfs: flush before the shutdown failed: {e}");
+                say!("pwfs: flush before the shutdown failed: {e}");
                 reply.error(Errno::EIO)
             }
         }
@@ -1717,8 +1727,8 @@ fn watch_remounts(fs: Fs, id: u64, mut read_only: bool, watching: &AtomicBool) {
         if m.read_only != read_only {
             read_only = m.read_only;
             match fs.set_read_only(read_only) {
-                Ok(()) => eprintln!("pwfs: remounted {}", if read_only { "read-only" } else { "read-write" }),
-                Err(e) => eprintln!("pwfs: remount: {e}"),
+                Ok(()) => say!("pwfs: remounted {}", if read_only { "read-only" } else { "read-write" }),
+                Err(e) => say!("pwfs: remount: {e}"),
             }
         }
     }
@@ -1758,7 +1768,7 @@ fn tune_bdi(mountpoint: &Path, dev: Option<u64>, cache: KernelCache) {
     for (knob, value) in knobs {
         let path = format!("{bdi}/{knob}");
         if let Err(e) = std::fs::write(&path, value.to_string()) {
-            eprintln!("pwfs: cannot set {path} to {value}: {e}");
+            say!("pwfs: cannot set {path} to {value}: {e}");
         }
     }
 }
