@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand, ValueEnum};
 use pwfs::{Config, MkfsOptions};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 mod control;
@@ -37,7 +37,7 @@ enum Cmd {
     Fsck { image: PathBuf },
     /// Print the superblock and usage of an image.
     Info { image: PathBuf },
-    /// Mount an image with FUSE (created if missing) and serve it until Ctrl-C,
+    /// Mount an image with FUSE and serve it until Ctrl-C,
     /// SIGTERM or `pwfs umount`; then flush everything and empty the journal.
     Mount {
         /// Image file or block device.
@@ -46,9 +46,10 @@ enum Cmd {
         /// Where to mount it (created if missing).
         #[arg(default_value = DEFAULT_MOUNTPOINT)]
         mountpoint: PathBuf,
-        /// Size of the image if it has to be created.
-        #[arg(long, value_parser = parse_size, default_value = "1G")]
-        size: u64,
+        /// Create the image, of this size, if it does not exist (the default image,
+        /// pwfs.img, is created at 1G without it; any other missing image is an error).
+        #[arg(long, value_parser = parse_size)]
+        size: Option<u64>,
         /// Bytes of file data Patchwork caches.
         #[arg(long, value_parser = parse_size, default_value = "256M")]
         cache: u64,
@@ -428,7 +429,11 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
                     return Err("-o remount: use `mount -o remount,...` (or mount.fuse.pwfs) on a mount".into());
                 }
             }
-            mount::run(&mount::MountArgs { image, mountpoint, size, daemon, create: true, opts })
+            // A mistyped path is not a new, empty file system: only the default image,
+            // or one asked for with --size, is made.
+            let create = size.is_some() || image == Path::new(DEFAULT_IMAGE);
+            let size = size.unwrap_or(1 << 30);
+            mount::run(&mount::MountArgs { image, mountpoint, size, daemon, create, opts })
         }
         Cmd::InstallHelper { dir } => {
             let link = helper::install(&dir)?;

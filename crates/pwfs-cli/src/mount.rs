@@ -145,12 +145,23 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
     let (image, mountpoint, o) = (&a.image, &a.mountpoint, &a.opts);
     let set = block_signals();
     let mut out = String::new();
+    // An image this call made is removed again if the mount fails (it is no use, and
+    // the next try would take it for a damaged one).
+    let mut made = None;
     if !image.exists() {
         if !a.create {
-            return Err(format!("{}: no such image", image.display()));
+            return Err(format!(
+                "{}: no such image (`pwfs mkfs IMAGE --size SIZE` makes one, or give --size)",
+                image.display()
+            ));
+        }
+        if image.starts_with("/dev") {
+            return Err(format!("{}: no such device (an image is not made under /dev)", image.display()));
         }
         let sb = pwfs::mkfs_image(image, a.size, &MkfsOptions::default()).map_err(|e| e.to_string())?;
-        out += &format!("created {} ({} MiB)\n", image.display(), (sb.total_blocks * 4096) >> 20);
+        made = Some(Made(image.clone()));
+        let full = std::path::absolute(image).unwrap_or_else(|_| image.clone());
+        out += &format!("created {} ({} MiB)\n", full.display(), (sb.total_blocks * 4096) >> 20);
     }
     std::fs::create_dir_all(mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
     // Named before the mount, while the mount point resolves without us.
@@ -218,6 +229,11 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
         }
     }
     let mounted = pwfs_fuse::mount_with(fs.clone(), mountpoint, &options)
+        .inspect(|_| {
+            if let Some(m) = made.take() {
+                std::mem::forget(m);
+            }
+        })
         .map_err(|e| format!("mount at {}: {e}", mountpoint.display()))?;
     let unmounter = mounted.unmounter();
     if let Some(server) = SHIM.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
@@ -319,6 +335,15 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
         say(format_args!("pwfs: {} unmounted; data flushed, journal empty\n", mountpoint.display()));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// An image made by this mount, removed when dropped (the mount failed).
+struct Made(PathBuf);
+
+impl Drop for Made {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// A message of a serving process on stderr. A terminal hung up or a pipe closed (EIO,

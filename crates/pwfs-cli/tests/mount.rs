@@ -524,3 +524,27 @@ fn a_daemon_logs_its_warnings_to_its_log_file() {
     let _ = std::fs::remove_file(&log);
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// `pwfs mount` makes a missing image only when asked (--size; the default image):
+/// a mistyped path is an error, not an empty file system. An image it made for a mount
+/// that then failed is removed (it was left, and refused later as not an image).
+#[test]
+fn a_missing_image_is_made_only_when_asked_and_not_left_by_a_failed_mount() {
+    let _serial = serial();
+    if !can_mount() {
+        return;
+    }
+    let d = dir("made");
+    let (img, mp) = (d.join("typo.img"), d.join("mnt"));
+    let (ok, _, err) = pwfs(&["mount", img.to_str().unwrap(), mp.to_str().unwrap(), "--cache", "16M"]);
+    assert!(!ok && err.contains("no such image"), "{err}");
+    assert!(!img.exists());
+    // A mount point that cannot be one (a regular file): the image made for it goes.
+    let file = d.join("file");
+    std::fs::write(&file, b"x").unwrap();
+    let (ok, _, err) =
+        pwfs(&["mount", img.to_str().unwrap(), file.to_str().unwrap(), "--size", "64M", "--cache", "16M"]);
+    assert!(!ok, "{err}");
+    assert!(!img.exists(), "the image made for a failed mount was left");
+    std::fs::remove_dir_all(&d).unwrap();
+}
