@@ -31,6 +31,10 @@ enum Cmd {
         /// Journal size in 4 KiB blocks (default: 1/64 of the image, 256..16384).
         #[arg(long)]
         journal_blocks: Option<u64>,
+        /// Format even what already holds data (a pwfs image, another file system,
+        /// anything but zeros in its first 64 KiB).
+        #[arg(long, short = 'f')]
+        force: bool,
     },
     /// Check every invariant of an image. Never repairs. Exits 0 if clean, 4 if
     /// damaged, 8 if it could not check (not a pwfs image, unreadable).
@@ -281,10 +285,38 @@ fn main() -> ExitCode {
     }
 }
 
+/// As mkfs.xfs and mkfs.btrfs without -f: an existing file or device whose first 64
+/// KiB hold anything but zeros (a pwfs image, another file system, a document) is not
+/// formatted over.
+fn refuse_to_overwrite(image: &Path) -> Result<(), String> {
+    use std::io::Read;
+    let Ok(mut f) = std::fs::File::open(image) else { return Ok(()) };
+    let mut head = vec![0u8; 64 << 10];
+    let mut n = 0;
+    while n < head.len() {
+        match f.read(&mut head[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) => return Err(format!("{}: {e}", image.display())),
+        }
+    }
+    if head[..n].iter().all(|b| *b == 0) {
+        return Ok(());
+    }
+    let what = if n >= 8 && head[..8] == pwfs::format::SB_MAGIC.to_le_bytes() { "a pwfs file system" } else { "data" };
+    Err(format!(
+        "{} already holds {what}; `pwfs mkfs --force` formats it anew (everything on it is lost)",
+        image.display()
+    ))
+}
+
 fn run(cmd: Cmd) -> Result<ExitCode, String> {
     match cmd {
-        Cmd::Mkfs { image, size, inodes, journal_blocks } => {
+        Cmd::Mkfs { image, size, inodes, journal_blocks, force } => {
             let opts = MkfsOptions { inodes, journal_blocks };
+            if !force {
+                refuse_to_overwrite(&image)?;
+            }
             let size = match size {
                 Some(s) => s,
                 None => match std::fs::metadata(&image) {

@@ -28,7 +28,7 @@ fn sigterm_unmounts_cleanly_and_a_second_mount_is_refused() {
     // mkfs of the mounted image is refused before it touches the image (it cut the
     // file to the new size first, under the running mount).
     let len = std::fs::metadata(&img).unwrap().len();
-    let mkfs = Command::new(PWFS).args(["mkfs", img.to_str().unwrap(), "--size", "8M"]).output().unwrap();
+    let mkfs = Command::new(PWFS).args(["mkfs", img.to_str().unwrap(), "--size", "8M", "--force"]).output().unwrap();
     assert!(!mkfs.status.success());
     assert!(String::from_utf8_lossy(&mkfs.stderr).contains("in use"), "{}", String::from_utf8_lossy(&mkfs.stderr));
     assert_eq!(std::fs::metadata(&img).unwrap().len(), len, "a refused mkfs resized the mounted image");
@@ -546,5 +546,16 @@ fn a_missing_image_is_made_only_when_asked_and_not_left_by_a_failed_mount() {
         pwfs(&["mount", img.to_str().unwrap(), file.to_str().unwrap(), "--size", "64M", "--cache", "16M"]);
     assert!(!ok, "{err}");
     assert!(!img.exists(), "the image made for a failed mount was left");
+    // mkfs formats over nothing but zeros without --force (as mkfs.xfs).
+    let img_s = img.to_str().unwrap();
+    assert!(pwfs(&["mkfs", img_s, "--size", "64M"]).0);
+    let (ok, _, err) = pwfs(&["mkfs", img_s]);
+    assert!(!ok && err.contains("already holds a pwfs file system"), "{err}");
+    assert!(pwfs(&["mkfs", img_s, "--force"]).0);
+    let (ok, _, err) = pwfs(&["mkfs", file.to_str().unwrap(), "--size", "64M"]);
+    assert!(!ok && err.contains("already holds data"), "{err}");
+    assert_eq!(std::fs::read(&file).unwrap(), b"x", "nothing touched");
+    std::fs::write(&file, vec![0u8; 1 << 20]).unwrap();
+    assert!(pwfs(&["mkfs", file.to_str().unwrap()]).0, "a file of zeros is formatted");
     std::fs::remove_dir_all(&d).unwrap();
 }
