@@ -559,15 +559,19 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             };
             steps.finish();
             let (r, svg) = r?;
+            // The record first: a closed stdout (`| head`) must not lose an hour's run.
+            let json = json.unwrap_or_else(|| dir.join(format!("{name}.json")));
+            std::fs::write(&json, serde_json_pretty(&r)).map_err(|e| format!("{}: {e}", json.display()))?;
+            let mut text = String::new();
             if let Some(svg) = svg {
                 let plot = dir.join(format!("{name}.svg"));
                 std::fs::write(&plot, svg).map_err(|e| format!("{}: {e}", plot.display()))?;
-                println!("plot: {}", plot.display());
+                text += &format!("plot: {}\n", plot.display());
             }
-            print!("{}", r.table());
-            let json = json.unwrap_or_else(|| dir.join(format!("{name}.json")));
-            std::fs::write(&json, serde_json_pretty(&r)).map_err(|e| format!("{}: {e}", json.display()))?;
-            println!("JSON record: {}", json.display());
+            text += &r.table();
+            text += &format!("JSON record: {}\n", json.display());
+            use std::io::Write;
+            let _ = std::io::stdout().write_all(text.as_bytes());
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -163,6 +163,20 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
         let full = std::path::absolute(image).unwrap_or_else(|_| image.clone());
         out += &format!("created {} ({} MiB)\n", full.display(), (sb.total_blocks * 4096) >> 20);
     }
+    // A pwfs mount there already: a live one is refused, a dead one (its serving
+    // process killed) named, instead of "File exists" or a mount stacked on it.
+    if let Some(m) = pwfs_fuse::top_mount(&canonical(mountpoint)).filter(|m| m.fs_type == pwfs_fuse::FS_TYPE) {
+        let alive = crate::control::ask(&socket_file(mountpoint), "pid").is_ok();
+        return Err(if alive {
+            format!("{}: a pwfs file system ({}) is mounted there already", mountpoint.display(), m.source)
+        } else {
+            format!(
+                "{}: a pwfs mount whose serving process is gone is still there (`pwfs umount {}` removes it)",
+                mountpoint.display(),
+                mountpoint.display()
+            )
+        });
+    }
     std::fs::create_dir_all(mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
     // Named before the mount, while the mount point resolves without us.
     let (stats_path, sock_path) = (stats_file(mountpoint), socket_file(mountpoint));
@@ -412,10 +426,7 @@ pub fn remount(mountpoint: &Path, o: &MountOpts) -> Result<(), String> {
 pub fn umount(mountpoint: &Path) -> Result<(), String> {
     // Only a pwfs mount (a dead one too, whose path no longer resolves: ENOTCONN), as
     // umount(8) with a type: another file system at that path is not ours to take down.
-    let at = mountpoint
-        .canonicalize()
-        .or_else(|_| std::path::absolute(mountpoint))
-        .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+    let at = canonical(mountpoint);
     match pwfs_fuse::top_mount(&at) {
         None => return Err(format!("{}: not mounted", mountpoint.display())),
         Some(m) if m.fs_type != pwfs_fuse::FS_TYPE => {
@@ -462,16 +473,21 @@ fn process_alive(pid: i32) -> bool {
 /// Where serving processes keep their live counters and control sockets.
 pub const RUN_DIR: &str = "/run/pwfs";
 
-/// `RUN_DIR/<mount point, '/' as '%'>.EXT`.
-fn runtime_file(mountpoint: &Path, ext: &str) -> PathBuf {
-    // A mount whose serving process was killed does not resolve (ENOTCONN); its parent does.
-    let canon = mountpoint.canonicalize().unwrap_or_else(|_| {
+/// The full path of a mount point, also of a mount whose serving process was killed
+/// (it does not resolve, ENOTCONN; its parent does).
+fn canonical(mountpoint: &Path) -> PathBuf {
+    mountpoint.canonicalize().unwrap_or_else(|_| {
         let parent = mountpoint.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
         match (parent.canonicalize(), mountpoint.file_name()) {
             (Ok(p), Some(name)) => p.join(name),
             _ => mountpoint.to_path_buf(),
         }
-    });
+    })
+}
+
+/// `RUN_DIR/<mount point, '/' as '%'>.EXT`.
+fn runtime_file(mountpoint: &Path, ext: &str) -> PathBuf {
+    let canon = canonical(mountpoint);
     let name: String = canon.to_string_lossy().chars().map(|c| if c == '/' { '%' } else { c }).collect();
     Path::new(RUN_DIR).join(format!("{name}.{ext}"))
 }

@@ -78,6 +78,10 @@ fn sigkill_mid_workload_keeps_every_fsynced_byte() {
         child.kill().unwrap();
         child.wait().unwrap();
         drop(f);
+        // A mount on the dead one is refused with what to do (it said "File exists",
+        // or stacked a new mount on the dead one).
+        let (ok, _, err) = pwfs(&["mount", img.to_str().unwrap(), mp.to_str().unwrap()]);
+        assert!(!ok && err.contains("serving process is gone"), "round {round}: {err}");
         detach(&mp);
         let (clean, report) = fsck(&img);
         assert!(clean, "round {round}: fsck of the crashed image: {report}");

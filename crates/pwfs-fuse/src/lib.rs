@@ -1660,7 +1660,19 @@ fn mount_sys(mountpoint: &Path, o: &MountOptions) -> std::io::Result<Option<(std
     use std::os::fd::{AsRawFd, OwnedFd};
     use std::os::unix::fs::MetadataExt;
     let root_mode = std::fs::metadata(mountpoint)?.mode() & libc::S_IFMT;
-    let fuse: OwnedFd = std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse")?.into();
+    let fuse: OwnedFd = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .map_err(|e| {
+            let hint = match e.kind() {
+                std::io::ErrorKind::NotFound => " (no FUSE here: `modprobe fuse`; in a container, --device /dev/fuse)",
+                std::io::ErrorKind::PermissionDenied => " (in a container: --device /dev/fuse --cap-add SYS_ADMIN)",
+                _ => "",
+            };
+            std::io::Error::new(e.kind(), format!("/dev/fuse: {e}{hint}"))
+        })?
+        .into();
     // SAFETY: plain syscalls.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let mut data =
