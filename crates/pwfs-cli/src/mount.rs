@@ -311,17 +311,24 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
         match rx.recv() {
             // Only our own mount: if someone unmounted it already, what is mounted there
             // now (or what was under it) is not ours to remove.
-            Ok(Event::Signal) => match unmounter.unmount() {
-                Ok(true) => {}
-                Ok(false) => say(format_args!(
-                    "pwfs: {} is no longer this daemon's mount (moved or unmounted); not unmounting it\n",
-                    mountpoint.display()
-                )),
-                Err(e) => say(format_args!(
-                    "pwfs: cannot unmount {}: {e}; retrying when the next signal arrives\n",
-                    mountpoint.display()
-                )),
-            },
+            // Whatever becomes of the unmount (busy, moved away, detached with files
+            // open), what was written so far is made durable first.
+            Ok(Event::Signal) => {
+                if let Err(e) = fs.sync() {
+                    say(format_args!("pwfs: sync on a signal failed: {e}\n"));
+                }
+                match unmounter.unmount() {
+                    Ok(true) => {}
+                    Ok(false) => say(format_args!(
+                        "pwfs: {} is no longer this daemon's mount (moved or unmounted); not unmounting it\n",
+                        mountpoint.display()
+                    )),
+                    Err(e) => say(format_args!(
+                        "pwfs: cannot unmount {}: {e}; retrying when the next signal arrives\n",
+                        mountpoint.display()
+                    )),
+                }
+            }
             Ok(Event::Unmounted(r)) => {
                 served = r;
                 break;
