@@ -493,3 +493,23 @@ fn clearing_set_id_bits_of_an_append_only_file_is_refused() {
     // A caller with CAP_FSETID (no set-ID callback) goes on.
     assert!(!fs.kill_privs(ino, None, pwfs::PrivChange::Write).unwrap());
 }
+
+/// A preallocation that runs out of space after its first piece (256 MiB) leaves what
+/// it allocated inside the file's size, as ext4 does, not as blocks past the end that
+/// nothing shows.
+#[test]
+fn a_preallocation_cut_short_by_enospc_keeps_what_it_allocated_inside_the_size() {
+    let (dev, fs) = mem_fs(320 * MIB);
+    let f = open_rw(&fs, "/f");
+    assert_eq!(errno(f.allocate(0, 0, 400 * MIB)), libc::ENOSPC);
+    let md = fs.metadata("/f").unwrap();
+    assert_eq!(md.size, 256 * MIB, "the first piece");
+    assert_eq!(md.blocks * 512, 256 * MIB);
+    // With KEEP_SIZE the size stays.
+    let g = open_rw(&fs, "/g");
+    assert_eq!(errno(g.allocate(KEEP, 0, 400 * MIB)), libc::ENOSPC);
+    assert_eq!(fs.metadata("/g").unwrap().size, 0);
+    drop((f, g));
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}

@@ -74,7 +74,8 @@ impl Fs {
         match mode & !FALLOC_FL_KEEP_SIZE {
             0 => {
                 let _io = cell.io.write();
-                self.preallocate(&cell, offset / BLOCK, end.div_ceil(BLOCK))?;
+                let grow = (mode & FALLOC_FL_KEEP_SIZE == 0).then_some(end);
+                self.preallocate(&cell, offset / BLOCK, end.div_ceil(BLOCK), grow)?;
                 // Both times, whether the size grows or not, as ext4 and XFS do.
                 self.set_size_at_least(&cell, end, mode & FALLOC_FL_KEEP_SIZE == 0, true)?;
             }
@@ -100,7 +101,8 @@ impl Fs {
                 let _io = cell.io.write();
                 self.zero_edges(&cell, offset, end)?;
                 self.clear_blocks(&cell, offset.div_ceil(BLOCK), end / BLOCK, true)?;
-                self.preallocate(&cell, offset / BLOCK, end.div_ceil(BLOCK))?;
+                let grow = (mode & FALLOC_FL_KEEP_SIZE == 0).then_some(end);
+                self.preallocate(&cell, offset / BLOCK, end.div_ceil(BLOCK), grow)?;
                 // Zeroing changes the data: both times, whatever the size does.
                 self.set_size_at_least(&cell, end, mode & FALLOC_FL_KEEP_SIZE == 0, true)?;
             }
@@ -170,10 +172,20 @@ impl Fs {
     /// Allocate unwritten blocks for the holes among file blocks `from..to`, a piece
     /// (one transaction) at a time. Pages waiting for their first block keep their
     /// reservation (their space is promised already).
-    fn preallocate(&self, cell: &InodeCell, from: u64, to: u64) -> Result<()> {
+    /// `grow_to`: the size the call sets (not KEEP_SIZE): each piece grows the file to
+    /// its end, so that a later piece's ENOSPC leaves what was allocated inside the
+    /// size, as ext4 does (not as blocks past the end nothing shows).
+    fn preallocate(&self, cell: &InodeCell, from: u64, to: u64, grow_to: Option<u64>) -> Result<()> {
         let ino = cell.ino;
         let mut at = from;
+        let mut pieces = 0u64;
         while at < to {
+            if pieces > 0 {
+                if let Some(end) = grow_to {
+                    self.set_size_at_least(cell, end.min(at * BLOCK), true, false)?;
+                }
+            }
+            pieces += 1;
             let piece_end = to.min(at.saturating_add(PIECE_BLOCKS));
             let holes = |m: &mut Meta| -> Result<u64> {
                 let node = m.inode(ino)?;
