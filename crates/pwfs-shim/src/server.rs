@@ -27,6 +27,11 @@ const IDLE_CHECK_MS: u64 = 500;
 const MAX_CHANNELS: usize = 1024;
 const MAX_HANDLES: usize = 1 << 16;
 const MAX_SESSIONS: usize = 4096;
+/// The socket is open to every user (the kernel checks each one's access to the files
+/// it registers): no user but root may hold more than this many sessions, and all
+/// clients together no more channels (threads) than `MAX_ALL_CHANNELS`.
+const MAX_SESSIONS_PER_USER: usize = 512;
+const MAX_ALL_CHANNELS: u64 = 4096;
 
 /// Tells the front end that an inode changed behind the kernel's back.
 pub type Changed = Box<dyn Fn(u64) + Send + Sync>;
@@ -84,6 +89,8 @@ struct Shared {
 /// A client process.
 struct Session {
     sock: OwnedFd,
+    /// Its user when it connected (SO_PEERCRED).
+    uid: Option<u32>,
     /// The client may keep set-ID bits when it writes (CAP_FSETID).
     fsetid: bool,
     /// The client's groups (its own and supplementary, when it connected): whether a
@@ -431,15 +438,25 @@ fn session(shared: Arc<Shared>, sock: OwnedFd) {
     // set-user-ID program since (a child holding the socket). Only a peer that was
     // root when it connected is believed, as the kernel's check at the write would
     // find it (a non-root holder of the capability gets set-ID bits cleared).
-    let (fsetid, groups) = match peer(&sock) {
+    let peer = peer(&sock);
+    let (fsetid, groups) = match peer {
         Some((pid, uid)) => {
             let (fsetid, groups) = fsetid_and_groups(pid);
             (fsetid && uid == 0 && same_userns(pid), groups)
         }
         None => (false, Vec::new()),
     };
+    let uid = peer.map(|p| p.1);
+    if uid != Some(0) {
+        let theirs = shared.sessions.lock().iter().filter_map(|w| w.upgrade()).filter(|s| s.uid == uid).count();
+        if theirs >= MAX_SESSIONS_PER_USER {
+            // Refused: the client's hello fails and it uses the kernel.
+            return;
+        }
+    }
     let s = Arc::new(Session {
         sock,
+        uid,
         fsetid,
         groups,
         handles: RwLock::new(Slab::default()),
@@ -471,7 +488,12 @@ fn session(shared: Arc<Shared>, sock: OwnedFd) {
                 Some(Err(e)) => Msg { status: e as u32, ..m },
                 None => Msg { status: libc::EBADF as u32, ..m },
             },
-            (k, true) if k == Kind::Channel as u32 && s.channels.lock().len() >= MAX_CHANNELS => {
+            // A channel is a thread here: within the client's own and everyone's limit.
+            (k, true)
+                if k == Kind::Channel as u32
+                    && (s.channels.lock().len() >= MAX_CHANNELS
+                        || shared.channels.load(Ordering::SeqCst) >= MAX_ALL_CHANNELS) =>
+            {
                 Msg { status: libc::EMFILE as u32, ..m }
             }
             (k, true) if k == Kind::Channel as u32 => match Channel::new() {
