@@ -321,6 +321,12 @@ fn rename_whiteout_leaves_a_whiteout_device_in_the_source_name() {
     assert_eq!(errno(fs.rename_whiteout(1, b"moved", 1, b"taken", true, (0, 0))), libc::EEXIST);
     fs.rename_whiteout(1, b"moved", 1, b"taken", false, (0, 0)).unwrap();
     assert_eq!(fs.read_file("/taken").unwrap(), b"u");
+    // In a set-group-ID directory the whiteout takes the directory's group.
+    let d = fs.create_dir("/sg", 0o777).unwrap().ino;
+    fs.setattr(d, &pwfs::SetAttr { mode: Some(0o2777), gid: Some(50), ..Default::default() }).unwrap();
+    fs.write_file("/sg/x", b"x").unwrap();
+    fs.rename_whiteout(d, b"x", d, b"y", false, (7, 8)).unwrap();
+    assert_eq!(fs.metadata("/sg/x").unwrap().gid, 50);
     fs.unmount().unwrap();
     fsck_clean(&*dev);
 }

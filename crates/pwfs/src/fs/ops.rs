@@ -799,6 +799,13 @@ impl Fs {
                 // The whiteout takes the source's entry in place: a lookup of the name
                 // finds the source or the whiteout, never nothing.
                 (Some((uid, gid)), Some(cell)) => {
+                    // As any new inode (the kernel's inode_init_owner): a set-group-ID
+                    // directory gives it its group.
+                    let (dir_mode, dir_gid) = {
+                        let d = m.inode(sp)?;
+                        (d.d.mode, d.d.gid)
+                    };
+                    let gid = if dir_mode & perm::S_ISGID != 0 { dir_gid } else { gid };
                     let w = m.new_inode(cell, uid, gid, Place::Near(sp))?;
                     m.update(w, |n| {
                         n.d.nlink = 1;
