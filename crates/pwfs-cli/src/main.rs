@@ -260,6 +260,9 @@ fn log_to_stderr() {
         // No colours: a daemon's stderr becomes its log file after this.
         .with_ansi(false)
         .with_target(false)
+        // A stderr that fails (a closed pipe, a full /run) drops the message: the
+        // default reports the failure with eprintln!, which panics the logging thread.
+        .log_internal_errors(false)
         .try_init();
 }
 

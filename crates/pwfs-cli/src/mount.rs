@@ -38,9 +38,16 @@ fn log_to_file(mountpoint: &Path) {
     use std::os::unix::fs::OpenOptionsExt;
     let _ = std::fs::create_dir_all(RUN_DIR);
     let log = std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(log_file(mountpoint));
-    if let Ok(log) = log {
+    // Without a log (no /run/pwfs for this user), /dev/null: the caller's stderr must
+    // not stay open in the daemon (a `$(pwfs mount --daemon ...)` would wait for ever).
+    let fd = match &log {
+        Ok(log) => log.as_raw_fd(),
+        // SAFETY: open(2) of a constant path.
+        Err(_) => unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) },
+    };
+    if fd >= 0 {
         // SAFETY: dup2 of a descriptor this process holds onto its stderr.
-        unsafe { libc::dup2(log.as_raw_fd(), 2) };
+        unsafe { libc::dup2(fd, 2) };
     }
 }
 
@@ -155,13 +162,26 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
                 image.display()
             ));
         }
-        if image.starts_with("/dev") {
+        if std::fs::symlink_metadata(image).is_ok() {
+            return Err(format!("{}: a symlink to nothing (not followed to make an image)", image.display()));
+        }
+        let full = canonical(image);
+        if full.starts_with("/dev") {
             return Err(format!("{}: no such device (an image is not made under /dev)", image.display()));
         }
-        let sb = pwfs::mkfs_image(image, a.size, &MkfsOptions::default()).map_err(|e| e.to_string())?;
-        made = Some(Made(image.clone()));
-        let full = std::path::absolute(image).unwrap_or_else(|_| image.clone());
-        out += &format!("created {} ({} MiB)\n", full.display(), (sb.total_blocks * 4096) >> 20);
+        // Claimed with O_EXCL: another mount making the same image at once (the
+        // default one) finds it there and does not format over it, nor remove it.
+        match std::fs::OpenOptions::new().write(true).create_new(true).open(&full) {
+            Ok(f) => {
+                use std::os::unix::fs::MetadataExt;
+                let m = f.metadata().map_err(|e| format!("{}: {e}", full.display()))?;
+                made = Some(Made { path: full.clone(), dev: m.dev(), ino: m.ino() });
+                let sb = pwfs::mkfs_image(&full, a.size, &MkfsOptions::default()).map_err(|e| e.to_string())?;
+                out += &format!("created {} ({} MiB)\n", full.display(), (sb.total_blocks * 4096) >> 20);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(format!("{}: {e}", full.display())),
+        }
     }
     // A pwfs mount there already: a live one is refused, a dead one (its serving
     // process killed) named, instead of "File exists" or a mount stacked on it.
@@ -358,12 +378,20 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
     Ok(ExitCode::SUCCESS)
 }
 
-/// An image made by this mount, removed when dropped (the mount failed).
-struct Made(PathBuf);
+/// An image made by this mount, removed when dropped (the mount failed) if its path
+/// still names that file.
+struct Made {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+}
 
 impl Drop for Made {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        use std::os::unix::fs::MetadataExt;
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.dev() == self.dev && m.ino() == self.ino) {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 

@@ -283,13 +283,27 @@ pub fn forget_shared() {
     }
 }
 
-/// Forget every descriptor from `first` to `last` (close_range, closefrom).
-pub fn forget_range(first: u32, last: u32) {
+/// Every descriptor from `first` to `last` is about to be closed (close_range,
+/// closefrom): `begin_change` of each the table knows (their handles released); the
+/// tokens, for `end_range`, once the kernel call is done.
+pub fn begin_range(first: u32, last: u32) -> Vec<(i32, u64)> {
     let last = (last as usize).min(MAX_FDS - 1);
+    let mut tokens = Vec::new();
     for (fd, e) in FDS.iter().enumerate().take(last + 1).skip(first as usize) {
         if e.load(Ordering::Relaxed) & STATES != 0 {
-            forget(fd as i32);
+            let (token, was) = begin_change(fd as i32);
+            if let Some(o) = was {
+                release_handle(o);
+            }
+            tokens.push((fd as i32, token));
         }
+    }
+    tokens
+}
+
+pub fn end_range(tokens: &[(i32, u64)]) {
+    for &(fd, token) in tokens {
+        end_change(fd, token);
     }
 }
 
@@ -817,7 +831,15 @@ pub fn after_fork_in_child() {
     unsafe { LOCK.raw_unlock() };
     // Position locks held by threads of the parent: their calls do not go on here (a
     // descriptor number the child reuses would wait on them for ever).
-    for l in &POS_LOCKS[..HIGH_FD.load(Ordering::Relaxed).min(MAX_FDS)] {
+    let high = HIGH_FD.load(Ordering::Relaxed).min(MAX_FDS);
+    for l in &POS_LOCKS[..high] {
         l.store(false, Ordering::Release);
+    }
+    // Entries a parent thread was closing or replacing: that thread is not here to end
+    // the change; the child has the old file or no descriptor, and looks again.
+    for e in &FDS[..high] {
+        if e.load(Ordering::Relaxed) & CHANGING != 0 {
+            e.store(unknown(), Ordering::Release);
+        }
     }
 }

@@ -767,12 +767,18 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
         set_errno(libc::EINVAL);
         return -1;
     }
-    if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
-        shim(|| {
-            client::forget_range(first, last);
-            Some(())
-        });
-    }
+    // As close: nothing registers these numbers until the kernel has closed them.
+    let tokens = if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
+        shim(|| Some(client::begin_range(first, last))).unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let r = close_range_around_sockets(first, last, flags);
+    client::end_range(&tokens);
+    r
+}
+
+unsafe fn close_range_around_sockets(first: c_uint, last: c_uint, flags: c_int) -> c_int {
     let mut socks: Vec<c_uint> =
         client::session_sockets().into_iter().map(|s| s as c_uint).filter(|s| (first..=last).contains(s)).collect();
     socks.sort_unstable();
@@ -894,14 +900,15 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_long) -> c_int {
     // F_SETFL: registered again once the flags are the kernel's.
+    // O_APPEND changing: every descriptor of the description (dup, fork) sees it, and
+    // the ones registered carry the old flag: forgotten once the kernel has the new one
+    // (before, a thread could register one again with the old flag meanwhile).
+    let append_changes = cmd == libc::F_SETFL && {
+        let before = real::fcntl64(fd, libc::F_GETFL, 0);
+        before >= 0 && (before ^ arg as c_int) & libc::O_APPEND != 0
+    };
     let token = if cmd == libc::F_SETFL {
         shim(|| {
-            // O_APPEND changing: every descriptor of the description (dup, fork) sees
-            // it, and the ones registered carry the old flag.
-            let before = real::fcntl64(fd, libc::F_GETFL, 0);
-            if before >= 0 && (before ^ arg as c_int) & libc::O_APPEND != 0 {
-                client::forget_shared();
-            }
             let (token, was) = client::begin_change(fd);
             if let Some(o) = was {
                 client::release_handle(o);
@@ -918,6 +925,12 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_long) -> c_int {
         });
     }
     let r = real::fcntl64(fd, cmd, arg);
+    if append_changes && r == 0 {
+        shim(|| {
+            client::forget_shared();
+            Some(())
+        });
+    }
     replaced(fd, token);
     if (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) && r >= 0 {
         forget(r);

@@ -109,7 +109,9 @@ struct Session {
 #[derive(Default)]
 struct Slab {
     slots: Vec<(u32, Option<Arc<Handle>>)>,
-    free: Vec<usize>,
+    /// Freed slots, taken oldest first: a slot's generation wraps only after 32,768
+    /// reuses of that slot, not of the last one freed.
+    free: std::collections::VecDeque<usize>,
 }
 
 /// Generations wrap at 15 bits: ids stay below 2^31 (u32::MAX means no handle).
@@ -118,7 +120,7 @@ const GENERATIONS: u32 = 1 << 15;
 impl Slab {
     fn insert(&mut self, h: Handle) -> usize {
         let h = Some(Arc::new(h));
-        let i = match self.free.pop() {
+        let i = match self.free.pop_front() {
             Some(i) => {
                 self.slots[i].1 = h;
                 i
@@ -147,7 +149,7 @@ impl Slab {
         let slot = &mut self.slots[i];
         let h = slot.1.take()?;
         slot.0 = (slot.0 + 1) % GENERATIONS;
-        self.free.push(i);
+        self.free.push_back(i);
         Some(h)
     }
 
@@ -623,7 +625,8 @@ fn serve(shared: &Shared, s: &Session, ch: Arc<Channel>) {
             Ok(Ok(v)) => v,
             Ok(Err(e)) => (-(e as i64), 0),
             Err(_) => {
-                eprintln!("pwfs: a shim request panicked; answered EIO");
+                let _ =
+                    std::io::Write::write_all(&mut std::io::stderr(), b"pwfs: a shim request panicked; answered EIO\n");
                 (-(libc::EIO as i64), 0)
             }
         };

@@ -628,6 +628,8 @@ fn a_trailing_slash_asks_for_a_directory() {
     assert_eq!(errno(fs.symlink_path("x", "/new/")), libc::ENOENT);
     assert_eq!(errno(OpenOptions::new().write(true).create(true).open(&fs, "/new/")), libc::EISDIR);
     assert_eq!(errno(OpenOptions::new().write(true).create_new(true).open(&fs, "/new/")), libc::EISDIR);
+    assert_eq!(errno(OpenOptions::new().write(true).create(true).open(&fs, "/nope/x/")), libc::ENOENT);
+    assert_eq!(errno(OpenOptions::new().write(true).create(true).open(&fs, "/f/x/")), libc::ENOTDIR);
     assert!(fs.symlink_metadata("/ld/").unwrap().is_dir(), "a slash follows the last symlink");
     assert_eq!(errno(fs.symlink_metadata("/f/")), libc::ENOTDIR);
     for name in ["/f", "/d", "/ld"] {

@@ -555,8 +555,10 @@ impl Fs {
         if (o.create || o.create_new || o.truncate) && !writable {
             return Err(Error::invalid("O_CREAT or O_TRUNC without write access"));
         }
-        // As the kernel's open_last_lookups, whether the name exists or not.
+        // As the kernel's open_last_lookups, whether the name exists or not (once the
+        // directories before it are found: ENOENT, ENOTDIR first).
         if (o.create || o.create_new) && trailing_slash(path) {
+            self.resolve_parent(path)?;
             return Err(Error::is_dir("O_CREAT of a name ending in '/'"));
         }
         // Whether this open created the file (then O_TRUNC has nothing to do: it is
