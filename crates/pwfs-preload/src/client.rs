@@ -242,6 +242,8 @@ pub fn forget(fd: i32) {
 /// nothing registers it. Returns the token for `end_change` and what was carried.
 pub fn begin_change(fd: i32) -> (u64, Option<Ours>) {
     let Some(s) = slot(fd) else { return (0, None) };
+    // Within the scans (a fork child clears what a parent thread was changing).
+    note_high(fd as usize);
     let token = CHANGING | fresh();
     (token, decode(s.swap(token, Ordering::AcqRel)))
 }
