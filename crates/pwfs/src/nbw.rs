@@ -227,6 +227,17 @@ impl FsInner {
         self.stats.patch_bytes.load(Ordering::Relaxed) + n as i64 <= self.config.patch_bytes as i64
     }
 
+    /// Whether one more page not in memory may hold only patches: each takes a whole
+    /// page when it is resolved (at the latest by the next commit, all at once), and
+    /// the cache cannot evict it before. Each page counts as at least 2 KiB of the
+    /// patch memory (the size of the paper's small writes, which the byte bound alone
+    /// stops at the same point): 16-byte patches within the patch memory were millions
+    /// of pages, gigabytes at the commit; now at most twice the patch memory.
+    pub fn patch_page_room(&self) -> bool {
+        let pages = self.stats.patched_pages.load(Ordering::Relaxed).max(0) as u64;
+        pages < (self.config.patch_bytes / 2048).max(16)
+    }
+
     /// Queue a page with patches for the fetcher thread (Async-BG).
     pub fn queue_fetch(&self, ino: u64, idx: u64) {
         if let Some(q) = &*self.fetch_queue.lock() {

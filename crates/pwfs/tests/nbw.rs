@@ -325,3 +325,42 @@ fn dropping_the_file_system_with_a_fetch_in_flight_unmounts() {
     fs.unmount().unwrap();
     fsck_clean(&*dev);
 }
+
+/// Pages holding only patches count as at least 2 KiB of the patch memory each, not
+/// only the bytes of their patches: each takes a whole page when it is resolved (by
+/// the next commit at the latest), so 16-byte patches within the patch memory were
+/// millions of pages, gigabytes at the commit. Past the bound a partial write reads
+/// its page first.
+#[test]
+fn pages_holding_only_patches_count_against_the_patch_memory() {
+    let image = formatted_image(64 * MIB, &MkfsOptions::default());
+    let dev = Arc::new(SimDevice::new(image, SimConfig::default()));
+    let cache_pages = 256u64;
+    let config = Config {
+        fetch: FetchPolicy::Lazy,
+        cache_bytes: cache_pages * 4096,
+        patch_bytes: 256 << 10,
+        writeback_interval: None,
+        ..test_config()
+    };
+    let fs = Fs::mount(dev.clone(), config).unwrap();
+    let pages = 4 * cache_pages;
+    let data: Vec<u8> = (0..pages * 4096).map(|i| (i % 251) as u8).collect();
+    fs.write_file("/f", &data).unwrap();
+    fs.sync().unwrap();
+    fs.evict_cache().unwrap();
+    let f = OpenOptions::new().read(true).write(true).open(&fs, "/f").unwrap();
+    let mut want = data.clone();
+    for i in 0..pages {
+        let at = (i * 4096 + 100) as usize;
+        f.write_at(b"sixteen bytes!!!", at as u64).unwrap();
+        want[at..at + 16].copy_from_slice(b"sixteen bytes!!!");
+        let patched = fs.nbw_stats().patched_pages as u64;
+        assert!(patched <= 128, "{patched} pages of 16-byte patches within 256 KiB of patch memory");
+    }
+    assert!(fs.nbw_stats().patch_memory_fallbacks > 0);
+    f.sync_all().unwrap();
+    assert_eq!(fs.read_file("/f").unwrap(), want);
+    drop(f);
+    fs.unmount().unwrap();
+}

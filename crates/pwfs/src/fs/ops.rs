@@ -1466,7 +1466,7 @@ impl Fs {
                 } else if pstart >= size {
                     let g = p.lock();
                     p.complete(g, self.inner.dev.alloc_zeroed(BLOCK_SIZE));
-                } else if nbw && self.inner.patch_room(n) {
+                } else if nbw && self.inner.patch_room(n) && self.inner.patch_page_room() {
                     let mut g = p.lock();
                     g.state = PageState::Outdated;
                     let delta = g.add_patch(at, chunk);
