@@ -281,7 +281,8 @@ impl PwFuse {
     /// immutable or append-only takes CAP_LINUX_IMMUTABLE.
     fn may_set_flags(&self, req: &Request, ino: u64, flags: u32) -> Result<(), Errno> {
         let owner = self.fs.getattr(ino).map_err(errno)?.uid;
-        if req.uid() != 0 && req.uid() != owner {
+        // inode_owner_or_capable: the owner, or CAP_FOWNER (3).
+        if req.uid() != 0 && req.uid() != owner && !capable_here(req.pid(), 3) {
             return Err(Errno::EPERM);
         }
         let guarded = pwfs::fs::FS_IMMUTABLE_FL | pwfs::fs::FS_APPEND_FL;
@@ -987,7 +988,10 @@ impl Filesystem for PwFuse {
         }
         // This process's own closes (the shim's daemon side drops the descriptor a
         // client registered) report nothing: the report is the client's, at its close.
-        if req.pid() == std::process::id() {
+        // The request names a thread: the shim's session threads are named so.
+        let shim_thread =
+            || std::fs::read(format!("/proc/self/task/{}/comm", req.pid())).is_ok_and(|c| c.starts_with(b"pwfs-shim"));
+        if req.pid() == std::process::id() || shim_thread() {
             return reply.ok();
         }
         empty(reply, self.fs.flush(ino.0))
@@ -1567,7 +1571,10 @@ pub fn mount_with(fs: Fs, mountpoint: &Path, o: &MountOptions) -> std::io::Resul
     let mountpoint = mountpoint.canonicalize()?;
     let (session, id, dev) = match mount_sys(&mountpoint, o)? {
         Some((fd, m)) => {
-            let session = fuser::Session::from_fd(pw, fd, config.acl, config).and_then(|s| {
+            // The kernel admits callers itself (allow_other or the mounting user); fuser's
+            // own filter would refuse what it admitted with another file-system uid
+            // (setfsuid, an NFS export's knfsd).
+            let session = fuser::Session::from_fd(pw, fd, fuser::SessionACL::All, config).and_then(|s| {
                 let _ = notifier.set(s.notifier());
                 s.spawn()
             });
@@ -1580,7 +1587,12 @@ pub fn mount_with(fs: Fs, mountpoint: &Path, o: &MountOptions) -> std::io::Resul
             }
         }
         // Not allowed to mount: fusermount3 does it (and shows type `fuse.pwfs` itself).
-        None => (fuser::spawn_mount(pw, &mountpoint, &config)?, None, None),
+        // Its session tells the kernel of changes behind it too (the shim's writes).
+        None => {
+            let s = fuser::spawn_mount(pw, &mountpoint, &config)?;
+            let _ = notifier.set(s.notifier());
+            (s, None, None)
+        }
     };
     if o.kernel_cache != KernelCache::Off {
         tune_bdi(&mountpoint, dev, o.kernel_cache);
