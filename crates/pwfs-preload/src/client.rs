@@ -274,6 +274,12 @@ pub fn stop_carrying(fd: i32) {
     }
 }
 
+/// Whether `fd` is known not to be a Patchwork file (a socket or pipe the shim has
+/// looked at): its flags need no watching.
+pub fn known_not_ours(fd: i32) -> bool {
+    slot(fd).is_some_and(|s| s.load(Ordering::Relaxed) & NOT_OURS != 0)
+}
+
 /// Forget every carried descriptor whose description may be shared (its O_APPEND was
 /// changed through another descriptor of it: registered again with the new flags).
 pub fn forget_shared() {

@@ -903,7 +903,9 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_long) -> c_int {
     // O_APPEND changing: every descriptor of the description (dup, fork) sees it, and
     // the ones registered carry the old flag: forgotten once the kernel has the new one
     // (before, a thread could register one again with the old flag meanwhile).
-    let append_changes = cmd == libc::F_SETFL && {
+    // (No extra F_GETFL for a descriptor known not to be ours: a server's sockets
+    // set O_NONBLOCK at every accept.)
+    let append_changes = cmd == libc::F_SETFL && !client::known_not_ours(fd) && {
         let before = real::fcntl64(fd, libc::F_GETFL, 0);
         before >= 0 && (before ^ arg as c_int) & libc::O_APPEND != 0
     };
