@@ -403,7 +403,7 @@ impl FsInner {
     /// may; `Ok(false)` the running transaction must commit first (the journal has no
     /// room for it, or committing frees space it needs); an error if it cannot be
     /// done at all. `commits`: how many commits ran for it already.
-    fn admit(&self, m: &Meta, need: &Need, commits: u32) -> Result<Option<Credit>> {
+    fn admit(&self, m: &Meta, need: &Need, commits: u32) -> Result<Option<Credit<'_>>> {
         if need.tx.log_blocks() > self.tx_room() {
             return Err(Error::no_space(format!(
                 "operation needs {} journal blocks, the journal takes {}",
@@ -479,13 +479,13 @@ pub(crate) fn admission_room(tx_cap: u64) -> u64 {
 /// running transaction (released when this is dropped, after the changes are made).
 pub(crate) struct Admitted<'a> {
     m: parking_lot::MutexGuard<'a, Meta>,
-    credit: Credit,
+    credit: Credit<'a>,
 }
 
-impl Admitted<'_> {
+impl<'a> Admitted<'a> {
     /// Unlock the metadata but keep the promised room, for an operation that makes its
     /// changes after I/O without the lock (truncate).
-    pub fn keep_credit(self) -> Credit {
+    pub fn keep_credit(self) -> Credit<'a> {
         self.credit
     }
 }

@@ -300,6 +300,11 @@ pub struct InodeCell {
     /// nothing else is taken under it. (A sharded lock here, and for the table below,
     /// measured slower: a create or delete writes both several times.)
     pub names: Option<Box<RwLock<Option<DirIndex>>>>,
+    /// Counts the changes that took a name away from its inode (a remove, a replace),
+    /// each counted after it is made (`Meta::dir_unmap`): a lookup that found a name
+    /// and then read its inode knows the name still led there when this has not moved
+    /// meanwhile, without locking the index again (`Fs::lookup`).
+    pub names_gen: AtomicU64,
     /// The file is known to hold no file capabilities (`perm::FILE_CAPS`): set by a
     /// look that found none, cleared by a setxattr of that name, both under the
     /// metadata lock; read without it by every write (`Fs::kill_privs`).
@@ -321,6 +326,7 @@ impl InodeCell {
             pages_end: AtomicU64::new(0),
             opens: Default::default(),
             names,
+            names_gen: AtomicU64::new(0),
             caps_absent: AtomicBool::new(false),
         }
     }
@@ -453,7 +459,10 @@ impl InodeGuard<'_> {
     /// blocks: false if it does not (the caller commits and tries again).
     pub fn register(&mut self, tx: &Tx, room: Option<u64>) -> bool {
         let cost = chain_cost(self, tx.bitmap_blocks());
-        if room.is_some() && self.tx_epoch == tx.epoch() && !self.chain_changed(cost) {
+        // Registered in the running transaction already, with the same chain: nothing
+        // to change (a create registers its directory, whose entry was counted by the
+        // create before it). A freed inode's `tx_epoch` is cleared as it is forgotten.
+        if self.tx_epoch == tx.epoch() && !self.chain_changed(cost) {
             return true;
         }
         match tx.register(self.ino, self.block, cost, room) {
@@ -476,8 +485,14 @@ impl Inode {
 type Shard = Mutex<HashMap<u64, Arc<InodeCell>, std::hash::BuildHasherDefault<InoHasher>>>;
 
 /// Inodes in memory, by number, in shards (the data path looks them up on every call).
+/// Each shard has cache lines of its own: two threads working in two directories
+/// lock different shards without passing a line between their CPUs.
 pub struct InodeTable {
-    shards: Box<[Shard]>,
+    shards: Box<[crossbeam_utils::CachePadded<Shard>]>,
+    /// The root's cell, once loaded. Every path walk starts at it and it is never
+    /// freed, so `with` reaches it without a shard's lock: threads walking paths in
+    /// parallel do not all write the lock of the root's shard.
+    root: std::sync::OnceLock<Arc<InodeCell>>,
 }
 
 /// Inode numbers come from the file system, not from outside: a multiply is enough
@@ -501,7 +516,10 @@ impl std::hash::Hasher for InoHasher {
 
 impl Default for InodeTable {
     fn default() -> Self {
-        InodeTable { shards: (0..64).map(|_| Mutex::new(HashMap::default())).collect() }
+        InodeTable {
+            shards: (0..64).map(|_| crossbeam_utils::CachePadded::new(Mutex::new(HashMap::default()))).collect(),
+            root: Default::default(),
+        }
     }
 }
 
@@ -511,16 +529,29 @@ impl InodeTable {
     }
 
     pub fn get(&self, ino: u64) -> Option<Arc<InodeCell>> {
+        if ino == f::ROOT_INO {
+            if let Some(root) = self.root.get() {
+                return Some(root.clone());
+            }
+        }
         self.shard(ino).lock().get(&ino).cloned()
     }
 
     /// `f` of the inode's cell, if it is in memory, without taking a reference to it
     /// (a cell that many threads reach, such as the root's, keeps its count still).
     pub fn with<T>(&self, ino: u64, f: impl FnOnce(&InodeCell) -> T) -> Option<T> {
+        if ino == f::ROOT_INO {
+            if let Some(root) = self.root.get() {
+                return Some(f(root));
+            }
+        }
         self.shard(ino).lock().get(&ino).map(|c| f(c))
     }
 
     pub fn insert(&self, cell: Arc<InodeCell>) {
+        if cell.ino == f::ROOT_INO {
+            let _ = self.root.set(cell.clone());
+        }
         self.shard(cell.ino).lock().insert(cell.ino, cell);
     }
 
@@ -530,6 +561,7 @@ impl InodeTable {
     }
 
     pub fn remove(&self, ino: u64) -> Option<Arc<InodeCell>> {
+        debug_assert_ne!(ino, f::ROOT_INO, "the root is never freed");
         self.shard(ino).lock().remove(&ino)
     }
 }

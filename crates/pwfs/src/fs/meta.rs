@@ -586,7 +586,7 @@ impl Meta {
         node.d.mtime = t;
         node.d.ctime = t;
         node.data_meta_dirty = true;
-        node.register(&self.tx.clone(), None);
+        node.register(&self.tx, None);
         drop(node);
         self.add_reserved(reserved);
         for (b, n) in freed {
@@ -601,10 +601,9 @@ impl Meta {
     /// pages is followed by this, or by `InodeGuard::register` where the caller holds
     /// the inode.
     pub fn update<T>(&mut self, ino: u64, f: impl FnOnce(&mut Inode) -> T) -> Result<T> {
-        let tx = self.tx.clone();
         let mut node = self.inode(ino)?;
         let v = f(&mut node);
-        node.register(&tx, None);
+        node.register(&self.tx, None);
         Ok(v)
     }
 
@@ -734,6 +733,9 @@ impl Meta {
         let node = {
             let mut g = self.inode(ino)?;
             g.freed = true;
+            // Out of the transaction (`Tx::forget` below): registering it is no
+            // longer a no-op.
+            g.tx_epoch = 0;
             g.clone()
         };
         self.table.remove(ino);
@@ -825,6 +827,15 @@ impl Meta {
         Ok(f(names.insert(idx)))
     }
 
+    /// `dir` for a change that takes a name away from its inode: counted in the
+    /// directory's `names_gen` once made (after the index's lock is released), so that a
+    /// lookup which read the count before it sees the change by the count.
+    fn dir_unmap<T>(&mut self, dir: u64, f: impl FnOnce(&mut DirIndex) -> T) -> Result<T> {
+        let v = self.dir(dir, f)?;
+        self.cell(dir)?.names_gen.fetch_add(1, std::sync::atomic::Ordering::Release);
+        Ok(v)
+    }
+
     /// Every slot of directory block `lblk`.
     pub fn dir_block_entries(&mut self, dir: u64, lblk: u64) -> Result<Vec<Option<f::Dirent>>> {
         let (phys, _) = self.dir_slot_block(dir, lblk * f::DIRENTS_PER_BLOCK as u64)?;
@@ -868,7 +879,7 @@ impl Meta {
     }
 
     pub fn dir_remove(&mut self, dir: u64, name: &[u8]) -> Result<()> {
-        let (slot, _) = self.dir(dir, |idx| idx.names.remove(name))?.ok_or_else(|| Error::not_found(""))?;
+        let (slot, _) = self.dir_unmap(dir, |idx| idx.names.remove(name))?.ok_or_else(|| Error::not_found(""))?;
         let (phys, i) = self.dir_slot_block(dir, slot)?;
         let b = self.modify(phys)?;
         f::dirent_put(b, i, None);
@@ -880,7 +891,7 @@ impl Meta {
     /// Point an existing entry at another inode (rename over an existing name).
     pub fn dir_replace(&mut self, dir: u64, name: &[u8], ino: u64, ftype: u8) -> Result<()> {
         let slot = self
-            .dir(dir, |idx| idx.names.get_mut(name).map(|e| std::mem::replace(e, (e.0, ino)).0))?
+            .dir_unmap(dir, |idx| idx.names.get_mut(name).map(|e| std::mem::replace(e, (e.0, ino)).0))?
             .ok_or_else(|| Error::not_found(""))?;
         let (phys, i) = self.dir_slot_block(dir, slot)?;
         let b = self.modify(phys)?;

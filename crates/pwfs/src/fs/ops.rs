@@ -102,16 +102,20 @@ impl Fs {
         self.inner.check_up()?;
         let mut tries = 0;
         loop {
-            let ino = self.lookup_ino(parent, name)?;
+            let (ino, seen) = self.lookup_ino(parent, name)?;
             let got = self.getattr(ino);
             if tries < LOOKUP_TRIES && !is_dot(name) {
                 // Found again, the name must still lead to this number (a name removed
                 // meanwhile and its number taken by a new file would otherwise answer
                 // with that file); an index no longer in memory is taken at its word.
+                // No name of the directory was taken away since the index was read
+                // (`InodeCell::names_gen`): it still leads there, and the index is not
+                // locked again (all threads walking paths share the root's).
                 let moved = match &got {
                     Err(e) => e.kind == ErrorKind::NotFound,
+                    Ok(_) if seen.is_some() && seen == self.names_gen(parent) => false,
                     Ok(_) => match self.lookup_cached(parent, name) {
-                        Ok(Some(now)) => now != ino,
+                        Ok(Some((now, _))) => now != ino,
                         Ok(None) => false,
                         Err(_) => true,
                     },
@@ -125,9 +129,11 @@ impl Fs {
         }
     }
 
-    fn lookup_ino(&self, parent: u64, name: &[u8]) -> Result<u64> {
-        if let Some(ino) = self.lookup_cached(parent, name)? {
-            return Ok(ino);
+    /// The inode `name` names in `parent`, and the directory's `names_gen` when the
+    /// answer came from its index in memory.
+    fn lookup_ino(&self, parent: u64, name: &[u8]) -> Result<(u64, Option<u64>)> {
+        if let Some((ino, gen)) = self.lookup_cached(parent, name)? {
+            return Ok((ino, Some(gen)));
         }
         let ino = {
             let mut m = self.meta();
@@ -141,26 +147,36 @@ impl Fs {
                 }
             }
         };
-        Ok(ino)
+        Ok((ino, None))
+    }
+
+    /// Directory `dir`'s count of names taken away (`InodeCell::names_gen`), if it is
+    /// in memory.
+    fn names_gen(&self, dir: u64) -> Option<u64> {
+        self.inner.inodes.with(dir, |cell| cell.names_gen.load(std::sync::atomic::Ordering::Acquire))
     }
 
     /// A lookup answered without the metadata lock, from the directory's name index when
     /// the directory and its index are in memory (an index is complete, so a name not in
-    /// it is not there). `Ok(None)`: not in memory, take the metadata lock.
-    fn lookup_cached(&self, parent: u64, name: &[u8]) -> Result<Option<u64>> {
+    /// it is not there), with the directory's `names_gen` as read under the index's lock.
+    /// `Ok(None)`: not in memory, take the metadata lock.
+    fn lookup_cached(&self, parent: u64, name: &[u8]) -> Result<Option<(u64, u64)>> {
         let found = self.inner.inodes.with(parent, |cell| {
             let Some(names) = &cell.names else {
                 return Err(Error::not_dir(""));
             };
+            let gen = || cell.names_gen.load(std::sync::atomic::Ordering::Acquire);
             match name {
-                b"." => return Ok(Some(parent)),
-                b".." => return Ok(Some(cell.lock().d.parent)),
+                b"." => return Ok(Some((parent, gen()))),
+                b".." => return Ok(Some((cell.lock().d.parent, gen()))),
                 _ => check_name(name)?,
             }
             let names = names.read();
             match names.as_ref() {
                 None => Ok(None),
-                Some(idx) => idx.names.get(name).map(|(_, ino)| Some(*ino)).ok_or_else(|| Error::not_found("")),
+                Some(idx) => {
+                    idx.names.get(name).map(|(_, ino)| Some((*ino, gen()))).ok_or_else(|| Error::not_found(""))
+                }
             }
         });
         found.unwrap_or(Ok(None))
@@ -229,7 +245,6 @@ impl Fs {
         })?;
         std::sync::Arc::get_mut(&mut cell).expect("a blank cell is not shared").set_mode(mode);
         let ino = self.inner.mutate(&mut m, |m| {
-            let tx = m.tx.clone();
             let place = if is_dir { Place::NewGroup } else { Place::Near(parent) };
             let ino = m.new_inode(cell, who.uid, gid, place)?;
             let payload = match target {
@@ -259,7 +274,7 @@ impl Fs {
                     }
                 }
             }
-            node.register(&tx, None);
+            node.register(&m.tx, None);
             drop(node);
             if !xattrs.is_empty() {
                 m.set_xattrs(ino, xattrs)?;
@@ -272,7 +287,7 @@ impl Fs {
             if is_dir {
                 p.d.nlink += 1;
             }
-            p.register(&tx, None);
+            p.register(&m.tx, None);
             Ok(ino)
         })?;
         let md = attr(ino, &*m.inode(ino)?);
@@ -362,12 +377,11 @@ impl Fs {
         })?;
         std::sync::Arc::get_mut(&mut cell).expect("a blank cell is not shared").set_mode(mode);
         let ino = self.inner.mutate(&mut m, |m| {
-            let tx = m.tx.clone();
             let ino = m.new_inode(cell, who.uid, gid, Place::Near(parent))?;
             let mut node = m.inode(ino)?;
             node.d.nlink = 0;
             node.linkable = linkable;
-            node.register(&tx, None);
+            node.register(&m.tx, None);
             drop(node);
             if !xattrs.is_empty() {
                 m.set_xattrs(ino, xattrs)?;

@@ -92,7 +92,11 @@ impl Tx {
     }
 
     fn publish(&self, s: &State) {
-        self.estimate.store(s.size(self.bitmap_blocks).log_blocks(), Ordering::Relaxed);
+        // Stored only when it moves: every reader's copy of the line stays valid.
+        let v = s.size(self.bitmap_blocks).log_blocks();
+        if self.estimate.load(Ordering::Relaxed) != v {
+            self.estimate.store(v, Ordering::Relaxed);
+        }
     }
 
     pub fn bitmap_blocks(&self) -> u64 {
@@ -237,20 +241,22 @@ impl TxSize {
 }
 
 /// Room promised in the running transaction (or the next, if it commits meanwhile) to
-/// an admitted operation, until its changes are made and this is dropped.
-pub struct Credit {
-    tx: std::sync::Arc<Tx>,
+/// an admitted operation, until its changes are made and this is dropped. It borrows
+/// the transaction: a reference count of the shared `Tx` changed by every operation
+/// would pass that cache line between the CPUs of two creators.
+pub struct Credit<'a> {
+    tx: &'a Tx,
     size: TxSize,
 }
 
-impl Credit {
+impl<'a> Credit<'a> {
     /// Promise `size` if the transaction still fits `room` with it.
-    pub fn try_new(tx: &std::sync::Arc<Tx>, size: TxSize, room: u64) -> Option<Credit> {
-        tx.try_credit(size, room).then(|| Credit { tx: tx.clone(), size })
+    pub fn try_new(tx: &'a Tx, size: TxSize, room: u64) -> Option<Credit<'a>> {
+        tx.try_credit(size, room).then_some(Credit { tx, size })
     }
 }
 
-impl Drop for Credit {
+impl Drop for Credit<'_> {
     fn drop(&mut self) {
         self.tx.release(self.size);
     }
