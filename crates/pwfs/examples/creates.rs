@@ -1,5 +1,5 @@
 //! Profiling aid: N threads of create + stat + unlink in private directories on a
-//! MemDevice (the engine alone), ops/s. `cargo run --release --example creates -- 2 3`.
+//! MemDevice (the engine alone), ops/s. `cargo run --release --example creates -- 2 3 [IMAGE]`.
 use pwfs::device::mem::MemDevice;
 use pwfs::{Config, Fs, MkfsOptions};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -9,9 +9,19 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let threads: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(2);
     let secs: f64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(3.0);
-    let dev = Arc::new(MemDevice::new(256 << 20));
-    pwfs::mkfs(&*dev, &MkfsOptions::default()).unwrap();
-    let fs = Fs::mount(dev, Config::default()).unwrap();
+    // A third argument: an image file to make and mount (the device `pwfs bench scale`
+    // uses) instead of memory.
+    let fs = match args.next() {
+        Some(image) => {
+            pwfs::mkfs_image(image.as_ref(), 1 << 30, &MkfsOptions::default()).unwrap();
+            pwfs::mount_image(image.as_ref(), Config { cache_bytes: 256 << 20, ..Default::default() }).unwrap()
+        }
+        None => {
+            let dev = Arc::new(MemDevice::new(256 << 20));
+            pwfs::mkfs(&*dev, &MkfsOptions::default()).unwrap();
+            Fs::mount(dev, Config { cache_bytes: 256 << 20, ..Default::default() }).unwrap()
+        }
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let total = Arc::new(AtomicU64::new(0));
     let hs: Vec<_> = (0..threads)

@@ -523,6 +523,12 @@ impl Fs {
             _ => check_name(name)?,
         }
         let share = self.inner.tx_room() / 4;
+        // The access lock of the inode the name leads to now, tried before the
+        // metadata lock (the lock order's way round; never waited for): freeing the
+        // inode under the metadata lock then locks nothing more there. If the name
+        // leads elsewhere by then, it is tried there as before.
+        let early = self.lookup_cached(parent, name).ok().flatten().and_then(|(ino, _)| self.inner.inodes.get(ino));
+        let early_io = early.as_ref().and_then(|c| c.io.try_write());
         let (mut m, (ino, is_dir, free)) = self.inner.admitted(|m| {
             if !m.inode(parent)?.is_dir() {
                 return Err(Error::not_dir(""));
@@ -563,22 +569,24 @@ impl Fs {
                 // without waiting, under the metadata lock, or it is left to
                 // `free_now` (through `drop_link`). The open count is read under the
                 // inode's lock, as `open_cell` changes it: one of the two sees the other.
-                let freed = match cell.io.try_write() {
-                    Some(_io) => {
-                        let mut node = cell.lock();
-                        let last = is_dir || node.d.nlink == 1;
-                        let opens = cell.opens.load(std::sync::atomic::Ordering::Acquire);
-                        let now = last && opens == 0 && cell.pages_end() == 0;
-                        if now {
-                            node.d.nlink = 0;
-                            node.freed = true;
-                            drop(node);
-                            self.inner.free_inode(m, ino)?;
-                        }
-                        now
+                let held = early_io.is_some() && early.as_ref().is_some_and(|c| std::sync::Arc::ptr_eq(c, &cell));
+                let io = if held { None } else { cell.io.try_write() };
+                let freed = if held || io.is_some() {
+                    let mut node = cell.lock();
+                    let last = is_dir || node.d.nlink == 1;
+                    let opens = cell.opens.load(std::sync::atomic::Ordering::Acquire);
+                    let now = last && opens == 0 && cell.pages_end() == 0;
+                    if now {
+                        node.d.nlink = 0;
+                        node.freed = true;
+                        drop(node);
+                        self.inner.free_inode(m, ino)?;
                     }
-                    None => false,
+                    now
+                } else {
+                    false
                 };
+                drop(io);
                 if freed {
                     freed_cell = Some(cell);
                     return Ok(None);
@@ -587,6 +595,8 @@ impl Fs {
             Self::drop_link(m, ino, is_dir)
         })?;
         drop(m);
+        // Before `free_after_change`, which may take this lock to free the inode.
+        drop(early_io);
         drop(freed_cell);
         if let Some(cell) = gone {
             self.free_after_change(&cell);

@@ -252,7 +252,8 @@ pub struct Credit<'a> {
 impl<'a> Credit<'a> {
     /// Promise `size` if the transaction still fits `room` with it.
     pub fn try_new(tx: &'a Tx, size: TxSize, room: u64) -> Option<Credit<'a>> {
-        tx.try_credit(size, room).then_some(Credit { tx, size })
+        // Built only when promised: a dropped `Credit` gives its room back.
+        tx.try_credit(size, room).then(|| Credit { tx, size })
     }
 }
 
