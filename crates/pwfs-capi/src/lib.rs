@@ -129,6 +129,16 @@ fn file_offset(n: u64) -> Res<u64> {
     Ok(n)
 }
 
+/// Takes a closed handle off its file system's count when dropped, also while a panic
+/// in the close unwinds (`pwfs_unmount` would otherwise say EBUSY for ever).
+struct Uncount(Arc<AtomicUsize>);
+
+impl Drop for Uncount {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 fn errno(e: Error) -> c_int {
     e.errno()
 }
@@ -587,9 +597,9 @@ pub unsafe extern "C" fn pwfs_closedir(dir: *mut pwfs_dir, err: *mut c_int) -> c
         let d = unsafe { Box::from_raw(dir) };
         // The directory is let go of before the count says so: an unmount on another
         // thread that sees no handle finds nothing of this one left.
-        let open = d.open.clone();
+        let uncount = Uncount(d.open.clone());
         drop(d);
-        open.fetch_sub(1, Ordering::AcqRel);
+        drop(uncount);
         Ok(0)
     })
 }
@@ -684,8 +694,9 @@ pub unsafe extern "C" fn pwfs_close(file: *mut pwfs_file, err: *mut c_int) -> c_
         // SAFETY: from `pwfs_open`'s Box; the caller gives it up here.
         let f = unsafe { Box::from_raw(file) };
         let pwfs_file { file, open } = *f;
+        let uncount = Uncount(open);
         let r = file.close();
-        open.fetch_sub(1, Ordering::AcqRel);
+        drop(uncount);
         r.map_err(errno)?;
         Ok(0)
     })

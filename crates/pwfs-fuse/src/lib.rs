@@ -321,7 +321,7 @@ impl PwFuse {
                 }
                 let before = self.missed();
                 let m = self.fresh(m);
-                reply.created(&TTL, &attr(&m), generation(&m), FileHandle(0), self.open_flags(flags, true));
+                reply.created(&TTL, &attr(&m), generation(&m), handle_of(flags), self.open_flags(flags, true));
                 self.recheck(m.ino, before);
             }
             Err(e) => reply.error(errno(e)),
@@ -404,6 +404,19 @@ impl PwFuse {
         }
     }
 }
+
+/// The handle a file is opened with: `WRITABLE` for an open that may write (a lost
+/// write is reported by the close of such a handle only, as `File::close` does), 0
+/// otherwise. Nothing else is kept per handle.
+fn handle_of(flags: i32) -> FileHandle {
+    if flags & libc::O_ACCMODE == libc::O_RDONLY {
+        FileHandle(0)
+    } else {
+        WRITABLE
+    }
+}
+
+const WRITABLE: FileHandle = FileHandle(1);
 
 /// The generation an entry reply carries: the root's is 0, as the kernel expects of
 /// node 1 (it warns and forces 0 otherwise; mkfs gives the root generation 1 on disk).
@@ -853,7 +866,7 @@ impl Filesystem for PwFuse {
             }
         }
         match self.fs.open_ino(ino.0) {
-            Ok(_) => reply.opened(FileHandle(0), open_flags),
+            Ok(_) => reply.opened(handle_of(flags.0), open_flags),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -982,9 +995,14 @@ impl Filesystem for PwFuse {
     /// the requests of a webproxy-like loop. A lost non-blocking write is then reported
     /// by the next fsync or fdatasync of the file, as ext4 reports a write-back error
     /// (and ext4's close reports nothing), and logged. See docs/DECISIONS.md.
-    fn flush(&self, req: &Request, ino: INodeNo, _fh: FileHandle, _lock_owner: fuser::LockOwner, reply: ReplyEmpty) {
+    fn flush(&self, req: &Request, ino: INodeNo, fh: FileHandle, _lock_owner: fuser::LockOwner, reply: ReplyEmpty) {
         if self.cache != KernelCache::Off {
             return reply.error(Errno::ENOSYS);
+        }
+        // A reader's close does not take the report: the writer's fsync or close
+        // would then say nothing (`handle_of`).
+        if fh != WRITABLE {
+            return reply.ok();
         }
         // This process's own closes (the shim's daemon side drops the descriptor a
         // client registered) report nothing: the report is the client's, at its close.

@@ -225,6 +225,9 @@ fn a_lost_write_is_reported_once() {
             assert_eq!(last_errno(), Some(libc::EIO));
             dev.set_config(SimConfig::default());
             if cache == KernelCache::Off {
+                let reader = libc::open(path.as_ptr(), libc::O_RDONLY);
+                assert!(reader >= 0);
+                assert_eq!(libc::close(reader), 0, "a reader's close leaves the report to the writer");
                 assert_eq!(libc::close(fd), -1, "close reports the lost write");
                 assert_eq!(last_errno(), Some(libc::EIO));
                 let fd = libc::open(path.as_ptr(), libc::O_RDWR);

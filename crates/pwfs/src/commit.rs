@@ -14,11 +14,15 @@ pub(crate) struct Need {
     pub tx: TxSize,
     pub blocks: u64,
     pub inode: bool,
+    /// It may split extents without freeing any block (a write into fallocated
+    /// blocks, a zero range): the commit may then grow the file's extent chain, from
+    /// the reserve (`meta_reserve`), which it must find there.
+    pub splits: bool,
 }
 
 impl Need {
     pub fn tx(tx: TxSize) -> Need {
-        Need { tx, blocks: 0, inode: false }
+        Need { tx, blocks: 0, inode: false, splits: false }
     }
 }
 
@@ -200,6 +204,14 @@ impl FsInner {
     /// fsyncs waiting meanwhile (`fsync_ticket`): they share this commit (group
     /// commit), and it covers them.
     pub(crate) fn commit_locked_for(&self, file: Option<u64>) -> Result<()> {
+        // A commit that panics half way leaves a transaction half closed.
+        let unwinding = PoisonOnUnwind(self);
+        let r = self.commit_locked_for_inner(file);
+        std::mem::forget(unwinding);
+        r
+    }
+
+    fn commit_locked_for_inner(&self, file: Option<u64>) -> Result<()> {
         // Numbered first, then the waiting files taken: an fsync that registered its
         // file after the take got a ticket past this commit (see `fsync_ticket`).
         let n = self.commits_begun.fetch_add(1, Ordering::AcqRel) + 1;
@@ -396,7 +408,10 @@ impl FsInner {
     /// error now leaves a half-done change in memory, and the file system turns
     /// read-only rather than commit it.
     pub(crate) fn mutate<T>(&self, m: &mut Meta, f: impl FnOnce(&mut Meta) -> Result<T>) -> Result<T> {
-        f(m).map_err(|e| self.poison(e))
+        let unwinding = PoisonOnUnwind(self);
+        let r = f(m).map_err(|e| self.poison(e));
+        std::mem::forget(unwinding);
+        r
     }
 
     /// Whether an operation that needs `need` may change things now: `Ok(true)` it
@@ -414,7 +429,10 @@ impl FsInner {
         // The reserve keeps blocks for the commit's own metadata (extent chains) from
         // new blocks and inodes; a change that needs neither (a delete, a rename in
         // place, a chmod) is never refused for space: deleting is how space comes back.
-        let reserve = if need.blocks == 0 && !need.inode { 0 } else { Self::meta_reserve(m) };
+        // A change that splits extents may grow an extent chain at its commit: it needs
+        // the reserve untouched, or that commit would find no block and stop the file
+        // system (writes into fallocated blocks on a full device: ENOSPC instead).
+        let reserve = if need.blocks == 0 && !need.inode && !need.splits { 0 } else { Self::meta_reserve(m) };
         let short = m.available() < need.blocks + reserve || (need.inode && m.ifree == 0);
         if short {
             // Freed space comes back in stages: an unlinked inode is freed by a
@@ -475,6 +493,21 @@ pub(crate) fn admission_room(tx_cap: u64) -> u64 {
     tx_cap - (tx_cap / 8).min(64)
 }
 
+/// Poisons the file system if dropped while a panic unwinds: a change that panicked
+/// half made (a bug) must not reach the medium with the next commit. The locks are not
+/// poisoned by a panic, and an embedder (the C ABI, a FUSE request thread) may catch
+/// it and go on; from then on the file system takes no changes, as after an I/O
+/// error (ext4 stops itself on an internal error).
+struct PoisonOnUnwind<'a>(&'a FsInner);
+
+impl Drop for PoisonOnUnwind<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.poison(Error::io("a change panicked half made (a bug): nothing more is written"));
+        }
+    }
+}
+
 /// The metadata lock of an admitted operation, with the room promised to it in the
 /// running transaction (released when this is dropped, after the changes are made).
 pub(crate) struct Admitted<'a> {
@@ -500,5 +533,27 @@ impl std::ops::Deref for Admitted<'_> {
 impl std::ops::DerefMut for Admitted<'_> {
     fn deref_mut(&mut self) -> &mut Meta {
         &mut self.m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::device::mem::MemDevice;
+    use crate::{Config, Fs, MkfsOptions};
+    use std::sync::Arc;
+
+    #[test]
+    fn a_change_that_panics_turns_the_file_system_read_only() {
+        let dev = Arc::new(MemDevice::new(16 << 20));
+        crate::mkfs(&*dev, &MkfsOptions::default()).unwrap();
+        let fs = Fs::mount(dev, Config::default()).unwrap();
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut m = fs.inner.meta.lock();
+            let _ = fs.inner.mutate(&mut m, |_| -> crate::Result<()> { panic!("half made") });
+        }));
+        assert!(caught.is_err());
+        assert!(fs.poisoned().is_some_and(|p| p.contains("panicked")), "{:?}", fs.poisoned());
+        assert_eq!(fs.create_dir("/d", 0o755).unwrap_err().errno(), libc::EROFS);
+        assert_eq!(fs.sync().unwrap_err().errno(), libc::EIO);
     }
 }

@@ -26,6 +26,13 @@ fn write_error_poisons_and_nothing_is_lost_silently() {
         let e = fs.sync().expect_err("sync must report the failed device");
         assert_eq!(e.errno(), libc::EIO, "{what}: {e}");
         assert!(fs.poisoned().is_some(), "{what}: file system turned read-only");
+        // A later sync or fsync (a background failure has no caller of its own) says
+        // EIO too, not EROFS, which callers of fsync take for "cannot be synced".
+        assert_eq!(errno(fs.sync()), libc::EIO, "{what}: a later sync");
+        let f = OpenOptions::new().read(true).open(&fs, "/lost").unwrap();
+        assert_eq!(errno(f.sync_all()), libc::EIO, "{what}: a later fsync");
+        assert_eq!(errno(f.sync_data()), libc::EIO, "{what}: a later fdatasync");
+        drop(f);
         assert_eq!(errno(fs.write_file("/more", b"x")), libc::EROFS, "{what}");
         assert_eq!(errno(fs.create_dir("/d", 0o755)), libc::EROFS, "{what}");
         assert_eq!(fs.read_file("/kept").unwrap(), b"durable", "{what}: reads go on");
@@ -39,6 +46,14 @@ fn write_error_poisons_and_nothing_is_lost_silently() {
         assert_eq!(errno(fs.read_file("/lost")), libc::ENOENT, "{what}: the failed commit is not visible");
         fs.unmount().unwrap();
         fsck_clean(&*dev2);
+        // On a read-only mount there is nothing to make durable: fsync and sync say 0.
+        let fs = Fs::mount(dev2.clone(), Config { read_only: true, ..test_config() }).unwrap();
+        let f = OpenOptions::new().read(true).open(&fs, "/kept").unwrap();
+        f.sync_all().unwrap();
+        f.sync_data().unwrap();
+        drop(f);
+        fs.sync().unwrap();
+        fs.unmount().unwrap();
     }
 }
 

@@ -58,6 +58,17 @@ fn open_flags() {
     let ro = OpenOptions::new().read(true).open(&fs, "/x").unwrap();
     assert_eq!(errno(ro.write_at(b"z", 0)), libc::EBADF);
     assert_eq!(errno(fs.read_file("/d")), libc::EISDIR);
+    // As open(2) on Linux: O_RDONLY with O_CREAT creates, with O_TRUNC truncates; the
+    // handle stays read-only. Either on a directory is EISDIR.
+    let made = OpenOptions::new().read(true).create(true).mode(0o600).open(&fs, "/r").unwrap();
+    assert_eq!(fs.metadata("/r").unwrap().mode & 0o7777, 0o600);
+    assert_eq!(errno(made.write_at(b"z", 0)), libc::EBADF);
+    fs.write_file("/t", b"contents").unwrap();
+    let t = OpenOptions::new().read(true).truncate(true).open(&fs, "/t").unwrap();
+    assert_eq!(fs.metadata("/t").unwrap().size, 0);
+    assert_eq!(errno(t.write_at(b"z", 0)), libc::EBADF);
+    assert_eq!(errno(OpenOptions::new().read(true).truncate(true).open(&fs, "/d")), libc::EISDIR);
+    assert_eq!(errno(OpenOptions::new().read(true).create(true).open(&fs, "/d")), libc::EISDIR);
 }
 
 #[test]

@@ -557,9 +557,9 @@ impl Fs {
         if !o.read && !writable {
             return Err(Error::invalid("open for neither reading nor writing"));
         }
-        if (o.create || o.create_new || o.truncate) && !writable {
-            return Err(Error::invalid("O_CREAT or O_TRUNC without write access"));
-        }
+        // O_CREAT or O_TRUNC with O_RDONLY creates or truncates, as open(2) does on
+        // Linux (std's OpenOptions refuses them; a C caller of `pwfs_open` expects
+        // open(2)); the handle is read-only all the same.
         // As the kernel's open_last_lookups, whether the name exists or not (once the
         // directories before it are found: ENOENT, ENOTDIR first).
         if (o.create || o.create_new) && trailing_slash(path) {
@@ -603,7 +603,9 @@ impl Fs {
         let ino = md.ino;
         let file = File::new(self, ino, pin.into_cell(), o.read, writable, o.append);
         match md.kind {
-            FileType::Directory if writable => return Err(Error::is_dir("")),
+            // As may_open: O_TRUNC asks for write access, and O_CREAT of a name that
+            // is a directory is EISDIR, whatever the access mode.
+            FileType::Directory if writable || o.truncate || o.create => return Err(Error::is_dir("")),
             FileType::Symlink => return Err(Error::is_loop("O_NOFOLLOW on a symlink")),
             _ => {}
         }

@@ -445,7 +445,7 @@ impl Fs {
 
     /// Commit everything (sync(2)).
     pub fn sync(&self) -> Result<()> {
-        self.inner.commit()
+        self.inner.sync_result(self.inner.commit())
     }
 
     /// Write dirty data home without committing, as the write-back thread does under
@@ -580,6 +580,23 @@ impl FsInner {
             }
         }
         Ok(())
+    }
+
+    /// What a call that asks for durability (fsync, fdatasync, sync) answers when the
+    /// file system takes no changes: on a read-only mount nothing waits to be written
+    /// (0, as Linux's fsync there); once an I/O error turned it read-only, EIO, not
+    /// EROFS: changes acknowledged before may be lost, and callers read EROFS from
+    /// fsync as "this file cannot be synced" and go on (ext4 reports the failed
+    /// write-back as EIO).
+    pub fn sync_result(&self, r: Result<()>) -> Result<()> {
+        match r {
+            Err(e) if e.kind == ErrorKind::ReadOnly && self.down.load(Ordering::Acquire) => Err(Error::io(e.detail)),
+            Err(e) if e.kind == ErrorKind::ReadOnly && self.config.read_only => Ok(()),
+            Err(e) if e.kind == ErrorKind::ReadOnly && self.is_poisoned.load(Ordering::Acquire) => {
+                Err(Error::io(e.detail))
+            }
+            r => r,
+        }
     }
 
     /// EIO once the file system was shut down (`go_down`); for operations that only read.

@@ -241,7 +241,7 @@ impl Fs {
             let extra = long_target as u64 + Self::inherited_blocks(&xattrs)?;
             let tx = m.inode_cost(parent, grow as u64)?.plus(TxSize::new(2 + 2 * extra, 0));
             let blocks = grow as u64 + extra;
-            Ok((Need { tx: tx.plus(entry_cost(grow)), blocks, inode: true }, (mode, gid, xattrs)))
+            Ok((Need { tx: tx.plus(entry_cost(grow)), blocks, inode: true, splits: false }, (mode, gid, xattrs)))
         })?;
         std::sync::Arc::get_mut(&mut cell).expect("a blank cell is not shared").set_mode(mode);
         let ino = self.inner.mutate(&mut m, |m| {
@@ -373,7 +373,10 @@ impl Fs {
             // The new inode and its bitmap block, the blocks of inherited ACLs and their
             // bitmap blocks.
             let extra = Self::inherited_blocks(&xattrs)?;
-            Ok((Need { tx: TxSize::new(2 + 2 * extra, 0), blocks: extra, inode: true }, (mode, gid, xattrs)))
+            Ok((
+                Need { tx: TxSize::new(2 + 2 * extra, 0), blocks: extra, inode: true, splits: false },
+                (mode, gid, xattrs),
+            ))
         })?;
         std::sync::Arc::get_mut(&mut cell).expect("a blank cell is not shared").set_mode(mode);
         let ino = self.inner.mutate(&mut m, |m| {
@@ -449,7 +452,7 @@ impl Fs {
             drop(node);
             let grow = m.dir(parent, |idx| idx.free.is_empty())?;
             let tx = m.inode_cost(parent, grow as u64)?.plus(m.inode_cost(ino, 0)?).plus(entry_cost(grow));
-            Ok((Need { tx, blocks: grow as u64, inode: false }, mode))
+            Ok((Need { tx, blocks: grow as u64, inode: false, splits: false }, mode))
         })?;
         self.inner.mutate(&mut m, |m| {
             m.dir_add(parent, name, ino, ftype_of(mode))?;
@@ -798,7 +801,7 @@ impl Fs {
                 // source's slot).
                 tx = tx.plus(TxSize::new(2, 0));
             }
-            let need = Need { tx, blocks: grow as u64, inode: whiteout.is_some() };
+            let need = Need { tx, blocks: grow as u64, inode: whiteout.is_some(), splits: false };
             Ok((need, Some((src, src_mode, src_dir, dst))))
         })?;
         let Some((src, src_mode, src_dir, dst)) = checked else {
@@ -962,7 +965,7 @@ impl Fs {
                 }
                 _ => None,
             };
-            Ok((Need { tx, blocks, inode: false }, acl))
+            Ok((Need { tx, blocks, inode: false, splits: false }, acl))
         })?;
         let tx = m.tx.clone();
         let mut node = m.inode(ino)?;
@@ -1202,7 +1205,7 @@ impl Fs {
                 }
             }
             let (tx, blocks) = m.xattr_cost(ino, &entries)?;
-            Ok((Need { tx, blocks, inode: false }, (entries, mode)))
+            Ok((Need { tx, blocks, inode: false, splits: false }, (entries, mode)))
         })?;
         self.inner.mutate(&mut m, |m| {
             m.set_xattrs(ino, entries)?;
@@ -1255,7 +1258,7 @@ impl Fs {
             };
             entries.remove(i);
             let (tx, blocks) = m.xattr_cost(ino, &entries)?;
-            Ok((Need { tx, blocks, inode: false }, Some(entries)))
+            Ok((Need { tx, blocks, inode: false, splits: false }, Some(entries)))
         })?;
         let Some(entries) = entries else { return Ok(()) };
         self.inner.mutate(&mut m, |m| m.set_xattrs(ino, entries))?;
@@ -1708,7 +1711,7 @@ impl Fs {
                 let (need, conv) = check(&*m.inode(ino)?)?.3;
                 let (n, c) = (need.len() as u64, conv.len() as u64);
                 let tx = m.inode_cost(ino, n + 2 * c)?.plus(TxSize::new(n.min(m.sb.block_bitmap_blocks), 0));
-                Ok((Need { tx, blocks: n, inode: false }, ()))
+                Ok((Need { tx, blocks: n, inode: false, splits: c > 0 }, ()))
             })?;
             let tx = m.tx.clone();
             let mut node = m.inode(ino)?;
@@ -1853,7 +1856,7 @@ impl Fs {
         let r = self.fsync_inner(ino, datasync);
         trace.end(&self.inner.times.fsyncs);
         self.take_fetch_error(ino)?;
-        r
+        self.inner.sync_result(r)
     }
 
     /// close(2) of a handle (FUSE `flush`): reports, once, a lost write of this file

@@ -196,7 +196,7 @@ impl Fs {
                 let bitmap = m.sb.block_bitmap_blocks;
                 let bitmaps = (n / f::BITS_PER_BITMAP_BLOCK + 2 * PIECE_EXTENTS).min(bitmap);
                 let tx = m.inode_cost(ino, PIECE_EXTENTS)?.plus(TxSize::new(bitmaps, 0));
-                Ok((Need { tx, blocks: n, inode: false }, n))
+                Ok((Need { tx, blocks: n, inode: false, splits: false }, n))
             })?;
             if n == 0 {
                 at = piece_end;
@@ -282,7 +282,9 @@ impl Fs {
             let unmap = m.unmap_cost(&node, from);
             drop(node);
             let tx = m.inode_cost(ino, 2)?.plus(TxSize::new(unmap, 0));
-            Ok((Need::tx(tx), ()))
+            // A punch frees blocks (deleting is how space comes back); a zero range
+            // frees none.
+            Ok((Need { splits: unwritten, ..Need::tx(tx) }, ()))
         })?;
         // No write-back may place a page of the range between the drop and the change.
         let credit = m.keep_credit();
@@ -345,7 +347,8 @@ impl Fs {
             let unmap = if insert { 0 } else { m.unmap_cost(&node, from) };
             drop(node);
             let tx = m.inode_cost(ino, 2)?.plus(TxSize::new(unmap, 0));
-            Ok((Need::tx(tx), ()))
+            // An insert splits the extent at its offset and frees nothing.
+            Ok((Need { splits: insert, ..Need::tx(tx) }, ()))
         })?;
         let credit = m.keep_credit();
         let _c = self.inner.commit_lock.lock();
