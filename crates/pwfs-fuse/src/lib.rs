@@ -409,10 +409,10 @@ impl PwFuse {
 /// write is reported by the close of such a handle only, as `File::close` does), 0
 /// otherwise. Nothing else is kept per handle.
 fn handle_of(flags: i32) -> FileHandle {
-    if flags & libc::O_ACCMODE == libc::O_RDONLY {
-        FileHandle(0)
-    } else {
-        WRITABLE
+    match flags & libc::O_ACCMODE {
+        libc::O_WRONLY | libc::O_RDWR => WRITABLE,
+        // O_RDONLY, and 3 (ioctl only).
+        _ => FileHandle(0),
     }
 }
 

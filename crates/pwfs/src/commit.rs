@@ -14,9 +14,10 @@ pub(crate) struct Need {
     pub tx: TxSize,
     pub blocks: u64,
     pub inode: bool,
-    /// It may split extents without freeing any block (a write into fallocated
-    /// blocks, a zero range): the commit may then grow the file's extent chain, from
-    /// the reserve (`meta_reserve`), which it must find there.
+    /// It may split extents without freeing any block (zero range, insert range):
+    /// the commit may then grow the file's extent chain, from the reserve
+    /// (`meta_reserve`), which it must find there. (A write into fallocated blocks
+    /// splits too, but is not refused: fallocate promised it room.)
     pub splits: bool,
 }
 
@@ -430,8 +431,8 @@ impl FsInner {
         // new blocks and inodes; a change that needs neither (a delete, a rename in
         // place, a chmod) is never refused for space: deleting is how space comes back.
         // A change that splits extents may grow an extent chain at its commit: it needs
-        // the reserve untouched, or that commit would find no block and stop the file
-        // system (writes into fallocated blocks on a full device: ENOSPC instead).
+        // the reserve untouched, or that commit could find no block and stop the file
+        // system (a zero range on a full device: ENOSPC instead).
         let reserve = if need.blocks == 0 && !need.inode && !need.splits { 0 } else { Self::meta_reserve(m) };
         let short = m.available() < need.blocks + reserve || (need.inode && m.ifree == 0);
         if short {
@@ -463,7 +464,7 @@ impl FsInner {
             let mut m = self.meta.lock();
             let (need, v) = check(&mut m)?;
             if let Some(credit) = self.admit(&m, &need, commits)? {
-                return Ok((Admitted { m, credit }, v));
+                return Ok((Admitted { m, credit, _unwinding: PoisonOnUnwind(self) }, v));
             }
             drop(m);
             self.commit()?;
@@ -498,7 +499,7 @@ pub(crate) fn admission_room(tx_cap: u64) -> u64 {
 /// poisoned by a panic, and an embedder (the C ABI, a FUSE request thread) may catch
 /// it and go on; from then on the file system takes no changes, as after an I/O
 /// error (ext4 stops itself on an internal error).
-struct PoisonOnUnwind<'a>(&'a FsInner);
+pub(crate) struct PoisonOnUnwind<'a>(pub(crate) &'a FsInner);
 
 impl Drop for PoisonOnUnwind<'_> {
     fn drop(&mut self) {
@@ -513,6 +514,9 @@ impl Drop for PoisonOnUnwind<'_> {
 pub(crate) struct Admitted<'a> {
     m: parking_lot::MutexGuard<'a, Meta>,
     credit: Credit<'a>,
+    /// The admitted change is made under this: a panic in it (the caller's code,
+    /// outside `mutate`) poisons the file system too.
+    _unwinding: PoisonOnUnwind<'a>,
 }
 
 impl<'a> Admitted<'a> {

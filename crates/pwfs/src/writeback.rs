@@ -374,6 +374,8 @@ impl FsInner {
         let mut wait: Vec<(Arc<Page>, AlignedBuf)> = Vec::new();
         {
             let mut m = self.meta.lock();
+            // Blocks are allocated and mapped under this: a panic poisons.
+            let _unwinding = crate::commit::PoisonOnUnwind(self);
             let mut items = kept.into_iter().peekable();
             while let Some(first) = items.next() {
                 let (ino, idx) = first.0.key;

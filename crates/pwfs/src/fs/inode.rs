@@ -303,7 +303,10 @@ pub struct InodeCell {
     /// Counts the changes that took a name away from its inode (a remove, a replace),
     /// each counted after it is made (`Meta::dir_unmap`): a lookup that found a name
     /// and then read its inode knows the name still led there when this has not moved
-    /// meanwhile, without locking the index again (`Fs::lookup`).
+    /// meanwhile, without locking the index again (`Fs::lookup`). Each directory's cell
+    /// starts it at a value of its own (`first_names_gen`), so that a directory freed
+    /// and its number given to another between the two reads is not taken for the
+    /// same one unchanged.
     pub names_gen: AtomicU64,
     /// The file is known to hold no file capabilities (`perm::FILE_CAPS`): set by a
     /// look that found none, cleared by a setxattr of that name, both under the
@@ -311,10 +314,18 @@ pub struct InodeCell {
     pub caps_absent: AtomicBool,
 }
 
+/// A starting `names_gen` no other directory cell of this process had: 2^32 apart
+/// (a directory would need 2^32 removals to reach another's).
+fn first_names_gen() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed) << 32
+}
+
 impl InodeCell {
     pub fn new(ino: u64, table_block: u64, node: Inode) -> InodeCell {
         let published = Published { size: AtomicU64::new(node.d.size), freed: AtomicBool::new(node.freed) };
         let names = (node.kind() == f::S_IFDIR).then(|| Box::new(RwLock::new(None)));
+        let names_gen = if names.is_some() { first_names_gen() } else { 0 };
         InodeCell {
             ino,
             table_block,
@@ -326,7 +337,7 @@ impl InodeCell {
             pages_end: AtomicU64::new(0),
             opens: Default::default(),
             names,
-            names_gen: AtomicU64::new(0),
+            names_gen: AtomicU64::new(names_gen),
             caps_absent: AtomicBool::new(false),
         }
     }
@@ -343,6 +354,9 @@ impl InodeCell {
     pub fn set_mode(&mut self, mode: u32) {
         self.kind = mode & f::S_IFMT;
         self.names = (self.kind == f::S_IFDIR).then(|| Box::new(RwLock::new(None)));
+        if self.names.is_some() {
+            *self.names_gen.get_mut() = first_names_gen();
+        }
         self.state.get_mut().d.mode = mode;
     }
 

@@ -153,7 +153,12 @@ impl Fs {
     /// Directory `dir`'s count of names taken away (`InodeCell::names_gen`), if it is
     /// in memory.
     fn names_gen(&self, dir: u64) -> Option<u64> {
-        self.inner.inodes.with(dir, |cell| cell.names_gen.load(std::sync::atomic::Ordering::Acquire))
+        let gen = |cell: &InodeCell| {
+            // A number that now belongs to a file (the directory removed and its
+            // number reused) has no count: the lookup checks the name again.
+            cell.names.as_ref().map(|_| cell.names_gen.load(std::sync::atomic::Ordering::Acquire))
+        };
+        self.inner.inodes.with(dir, gen).flatten()
     }
 
     /// A lookup answered without the metadata lock, from the directory's name index when
@@ -1711,7 +1716,10 @@ impl Fs {
                 let (need, conv) = check(&*m.inode(ino)?)?.3;
                 let (n, c) = (need.len() as u64, conv.len() as u64);
                 let tx = m.inode_cost(ino, n + 2 * c)?.plus(TxSize::new(n.min(m.sb.block_bitmap_blocks), 0));
-                Ok((Need { tx, blocks: n, inode: false, splits: c > 0 }, ()))
+                // A write into fallocated blocks is not refused for the reserve (`splits`
+                // false): fallocate promised it room (posix_fallocate), as ext4 keeps
+                // by converting from its reserved pool.
+                Ok((Need { tx, blocks: n, inode: false, splits: false }, ()))
             })?;
             let tx = m.tx.clone();
             let mut node = m.inode(ino)?;
