@@ -32,24 +32,33 @@ impl PsyncDevice {
             .map(|b| libc::iovec { iov_base: b.as_mut_ptr() as *mut libc::c_void, iov_len: b.len() })
             .collect();
         let (ptr, n, at) = (iov.as_ptr(), iov.len() as i32, op.offset as i64);
-        // SAFETY: every iovec points into a live buffer that `op` owns for the call.
-        let r = unsafe {
-            match op.kind {
-                OpKind::Read => libc::preadv(fd, ptr, n, at),
-                OpKind::Write => libc::pwritev(fd, ptr, n, at),
-                OpKind::WriteFua => {
-                    let r = libc::pwritev2(fd, ptr, n, at, libc::RWF_DSYNC);
-                    if r < 0 && matches!(errno(), libc::EOPNOTSUPP | libc::ENOSYS) {
-                        let r = libc::pwritev(fd, ptr, n, at);
-                        if r >= 0 {
-                            datasync(fd)?;
+        let call = || -> Result<isize, DevError> {
+            // SAFETY: every iovec points into a live buffer that `op` owns for the call.
+            Ok(unsafe {
+                match op.kind {
+                    OpKind::Read => libc::preadv(fd, ptr, n, at),
+                    OpKind::Write => libc::pwritev(fd, ptr, n, at),
+                    OpKind::WriteFua => {
+                        let r = libc::pwritev2(fd, ptr, n, at, libc::RWF_DSYNC);
+                        if r < 0 && matches!(errno(), libc::EOPNOTSUPP | libc::ENOSYS) {
+                            let r = libc::pwritev(fd, ptr, n, at);
+                            if r >= 0 {
+                                datasync(fd)?;
+                            }
+                            r
+                        } else {
+                            r
                         }
-                        r
-                    } else {
-                        r
                     }
+                    OpKind::Flush => unreachable!("handled above"),
                 }
-                OpKind::Flush => unreachable!("handled above"),
+            })
+        };
+        // A signal before anything moved (an image on NFS, say) is no I/O error.
+        let r = loop {
+            let r = call()?;
+            if !(r < 0 && errno() == libc::EINTR) {
+                break r;
             }
         };
         transferred(if r < 0 { -(errno() as i64) } else { r as i64 }, op.len())
@@ -61,11 +70,16 @@ fn errno() -> i32 {
 }
 
 fn datasync(fd: i32) -> Result<(), DevError> {
-    // SAFETY: plain syscall on an fd the medium owns.
-    if unsafe { libc::fdatasync(fd) } != 0 {
-        return Err(DevError::Io(errno()));
+    loop {
+        // SAFETY: plain syscall on an fd the medium owns.
+        if unsafe { libc::fdatasync(fd) } == 0 {
+            return Ok(());
+        }
+        match errno() {
+            libc::EINTR => continue,
+            e => return Err(DevError::Io(e)),
+        }
     }
-    Ok(())
 }
 
 impl Device for PsyncDevice {
