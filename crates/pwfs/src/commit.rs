@@ -206,7 +206,7 @@ impl FsInner {
     /// commit), and it covers them.
     pub(crate) fn commit_locked_for(&self, file: Option<u64>) -> Result<()> {
         // A commit that panics half way leaves a transaction half closed.
-        let unwinding = PoisonOnUnwind(self);
+        let unwinding = PoisonOnUnwind::new(self);
         let r = self.commit_locked_for_inner(file);
         std::mem::forget(unwinding);
         r
@@ -293,7 +293,13 @@ impl FsInner {
         // record stays in this one, whose metadata still maps it.
         let (taken, (data, retired)) = {
             let mut m = self.meta.lock();
-            let taken = m.take_tx(selection.as_ref());
+            // A change that failed or panicked half made poisons before the metadata
+            // lock is let go: a commit that passed its first check before must not
+            // take it.
+            let taken = match self.is_poisoned.load(Ordering::Acquire) {
+                true => Err(Error::io("file system is read-only after an error: nothing more is committed")),
+                false => m.take_tx(selection.as_ref()),
+            };
             (taken, self.hitch.take_staged(files.is_some()))
         };
         drop(gate);
@@ -409,7 +415,7 @@ impl FsInner {
     /// error now leaves a half-done change in memory, and the file system turns
     /// read-only rather than commit it.
     pub(crate) fn mutate<T>(&self, m: &mut Meta, f: impl FnOnce(&mut Meta) -> Result<T>) -> Result<T> {
-        let unwinding = PoisonOnUnwind(self);
+        let unwinding = PoisonOnUnwind::new(self);
         let r = f(m).map_err(|e| self.poison(e));
         std::mem::forget(unwinding);
         r
@@ -464,7 +470,7 @@ impl FsInner {
             let mut m = self.meta.lock();
             let (need, v) = check(&mut m)?;
             if let Some(credit) = self.admit(&m, &need, commits)? {
-                return Ok((Admitted { m, credit, _unwinding: PoisonOnUnwind(self) }, v));
+                return Ok((Admitted { _unwinding: PoisonOnUnwind::new(self), m, credit }, v));
             }
             drop(m);
             self.commit()?;
@@ -499,11 +505,20 @@ pub(crate) fn admission_room(tx_cap: u64) -> u64 {
 /// poisoned by a panic, and an embedder (the C ABI, a FUSE request thread) may catch
 /// it and go on; from then on the file system takes no changes, as after an I/O
 /// error (ext4 stops itself on an internal error).
-pub(crate) struct PoisonOnUnwind<'a>(pub(crate) &'a FsInner);
+pub(crate) struct PoisonOnUnwind<'a>(&'a FsInner, bool);
+
+impl<'a> PoisonOnUnwind<'a> {
+    /// A guard for a change starting now. Made while this thread already unwinds (a
+    /// `File` dropped by another panic frees its inode), it poisons nothing: only a
+    /// panic that starts inside the change does (as std's mutex poisoning).
+    pub(crate) fn new(fs: &'a FsInner) -> PoisonOnUnwind<'a> {
+        PoisonOnUnwind(fs, std::thread::panicking())
+    }
+}
 
 impl Drop for PoisonOnUnwind<'_> {
     fn drop(&mut self) {
-        if std::thread::panicking() {
+        if !self.1 && std::thread::panicking() {
             self.0.poison(Error::io("a change panicked half made (a bug): nothing more is written"));
         }
     }
@@ -512,11 +527,12 @@ impl Drop for PoisonOnUnwind<'_> {
 /// The metadata lock of an admitted operation, with the room promised to it in the
 /// running transaction (released when this is dropped, after the changes are made).
 pub(crate) struct Admitted<'a> {
+    /// The admitted change is made under this: a panic in it (the caller's code,
+    /// outside `mutate`) poisons the file system too. First, so that it is dropped
+    /// first: the poison is set before the metadata lock is let go.
+    _unwinding: PoisonOnUnwind<'a>,
     m: parking_lot::MutexGuard<'a, Meta>,
     credit: Credit<'a>,
-    /// The admitted change is made under this: a panic in it (the caller's code,
-    /// outside `mutate`) poisons the file system too.
-    _unwinding: PoisonOnUnwind<'a>,
 }
 
 impl<'a> Admitted<'a> {
@@ -559,5 +575,25 @@ mod tests {
         assert!(fs.poisoned().is_some_and(|p| p.contains("panicked")), "{:?}", fs.poisoned());
         assert_eq!(fs.create_dir("/d", 0o755).unwrap_err().errno(), libc::EROFS);
         assert_eq!(fs.sync().unwrap_err().errno(), libc::EIO);
+    }
+
+    /// A caller's own panic that drops the last handle of an unlinked file frees it
+    /// while unwinding: that change did not panic, and nothing is poisoned.
+    #[test]
+    fn a_panic_elsewhere_that_frees_a_file_poisons_nothing() {
+        let dev = Arc::new(MemDevice::new(16 << 20));
+        crate::mkfs(&*dev, &MkfsOptions::default()).unwrap();
+        let fs = Fs::mount(dev, Config::default()).unwrap();
+        let f = fs.create("/t").unwrap();
+        f.write_at(b"data", 0).unwrap();
+        fs.remove_file("/t").unwrap();
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            let _last = f;
+            panic!("the caller's own");
+        }));
+        assert!(caught.is_err());
+        assert_eq!(fs.poisoned(), None);
+        fs.create_dir("/d", 0o755).unwrap();
+        fs.sync().unwrap();
     }
 }

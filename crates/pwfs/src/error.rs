@@ -127,13 +127,10 @@ impl std::error::Error for Error {}
 
 impl From<DevError> for Error {
     fn from(e: DevError) -> Error {
-        match e {
-            // The host's file system under an image file ran out of space (a sparse
-            // image, a copy-on-write host): ENOSPC, as the caller can act on it (the
-            // file system still turns read-only, as for any failed write).
-            DevError::Io(libc::ENOSPC | libc::EDQUOT) => Error::no_space(format!("device: {e}")),
-            e => Error::io(format!("device: {e}")),
-        }
+        // EIO also for a full host (ENOSPC under a sparse image): the write is lost and
+        // the file system turns read-only, while ENOSPC means "refused, nothing
+        // changed" to callers, who free space and retry.
+        Error::io(format!("device: {e}"))
     }
 }
 
@@ -146,18 +143,5 @@ impl From<FormatError> for Error {
 impl From<Error> for std::io::Error {
     fn from(e: Error) -> std::io::Error {
         std::io::Error::new(std::io::Error::from_raw_os_error(e.errno()).kind(), e.to_string())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_full_host_is_enospc_and_other_device_errors_eio() {
-        assert_eq!(Error::from(DevError::Io(libc::ENOSPC)).errno(), libc::ENOSPC);
-        assert_eq!(Error::from(DevError::Io(libc::EDQUOT)).errno(), libc::ENOSPC);
-        assert_eq!(Error::from(DevError::Io(libc::EIO)).errno(), libc::EIO);
-        assert_eq!(Error::from(DevError::Short { expected: 4096, got: 512 }).errno(), libc::EIO);
     }
 }

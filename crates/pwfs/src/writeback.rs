@@ -375,7 +375,7 @@ impl FsInner {
         {
             let mut m = self.meta.lock();
             // Blocks are allocated and mapped under this: a panic poisons.
-            let _unwinding = crate::commit::PoisonOnUnwind(self);
+            let _unwinding = crate::commit::PoisonOnUnwind::new(self);
             let mut items = kept.into_iter().peekable();
             while let Some(first) = items.next() {
                 let (ino, idx) = first.0.key;
