@@ -22,8 +22,14 @@ pub(crate) struct Need {
 }
 
 impl Need {
+    /// A change that adds `tx` to the transaction, takes `blocks` new blocks and
+    /// (`inode`) a new inode, and splits no extent.
+    pub fn new(tx: TxSize, blocks: u64, inode: bool) -> Need {
+        Need { tx, blocks, inode, splits: false }
+    }
+
     pub fn tx(tx: TxSize) -> Need {
-        Need { tx, blocks: 0, inode: false, splits: false }
+        Need::new(tx, 0, false)
     }
 }
 
@@ -206,13 +212,7 @@ impl FsInner {
     /// commit), and it covers them.
     pub(crate) fn commit_locked_for(&self, file: Option<u64>) -> Result<()> {
         // A commit that panics half way leaves a transaction half closed.
-        let unwinding = PoisonOnUnwind::new(self);
-        let r = self.commit_locked_for_inner(file);
-        std::mem::forget(unwinding);
-        r
-    }
-
-    fn commit_locked_for_inner(&self, file: Option<u64>) -> Result<()> {
+        let _unwinding = PoisonOnUnwind::new(self);
         // Numbered first, then the waiting files taken: an fsync that registered its
         // file after the take got a ticket past this commit (see `fsync_ticket`).
         let n = self.commits_begun.fetch_add(1, Ordering::AcqRel) + 1;
@@ -415,10 +415,8 @@ impl FsInner {
     /// error now leaves a half-done change in memory, and the file system turns
     /// read-only rather than commit it.
     pub(crate) fn mutate<T>(&self, m: &mut Meta, f: impl FnOnce(&mut Meta) -> Result<T>) -> Result<T> {
-        let unwinding = PoisonOnUnwind::new(self);
-        let r = f(m).map_err(|e| self.poison(e));
-        std::mem::forget(unwinding);
-        r
+        let _unwinding = PoisonOnUnwind::new(self);
+        f(m).map_err(|e| self.poison(e))
     }
 
     /// Whether an operation that needs `need` may change things now: `Ok(true)` it

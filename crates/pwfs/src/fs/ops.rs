@@ -246,7 +246,7 @@ impl Fs {
             let extra = long_target as u64 + Self::inherited_blocks(&xattrs)?;
             let tx = m.inode_cost(parent, grow as u64)?.plus(TxSize::new(2 + 2 * extra, 0));
             let blocks = grow as u64 + extra;
-            Ok((Need { tx: tx.plus(entry_cost(grow)), blocks, inode: true, splits: false }, (mode, gid, xattrs)))
+            Ok((Need::new(tx.plus(entry_cost(grow)), blocks, true), (mode, gid, xattrs)))
         })?;
         std::sync::Arc::get_mut(&mut cell).expect("a blank cell is not shared").set_mode(mode);
         let ino = self.inner.mutate(&mut m, |m| {
@@ -378,10 +378,7 @@ impl Fs {
             // The new inode and its bitmap block, the blocks of inherited ACLs and their
             // bitmap blocks.
             let extra = Self::inherited_blocks(&xattrs)?;
-            Ok((
-                Need { tx: TxSize::new(2 + 2 * extra, 0), blocks: extra, inode: true, splits: false },
-                (mode, gid, xattrs),
-            ))
+            Ok((Need::new(TxSize::new(2 + 2 * extra, 0), extra, true), (mode, gid, xattrs)))
         })?;
         std::sync::Arc::get_mut(&mut cell).expect("a blank cell is not shared").set_mode(mode);
         let ino = self.inner.mutate(&mut m, |m| {
@@ -457,7 +454,7 @@ impl Fs {
             drop(node);
             let grow = m.dir(parent, |idx| idx.free.is_empty())?;
             let tx = m.inode_cost(parent, grow as u64)?.plus(m.inode_cost(ino, 0)?).plus(entry_cost(grow));
-            Ok((Need { tx, blocks: grow as u64, inode: false, splits: false }, mode))
+            Ok((Need::new(tx, grow as u64, false), mode))
         })?;
         self.inner.mutate(&mut m, |m| {
             m.dir_add(parent, name, ino, ftype_of(mode))?;
@@ -806,7 +803,7 @@ impl Fs {
                 // source's slot).
                 tx = tx.plus(TxSize::new(2, 0));
             }
-            let need = Need { tx, blocks: grow as u64, inode: whiteout.is_some(), splits: false };
+            let need = Need::new(tx, grow as u64, whiteout.is_some());
             Ok((need, Some((src, src_mode, src_dir, dst))))
         })?;
         let Some((src, src_mode, src_dir, dst)) = checked else {
@@ -970,7 +967,7 @@ impl Fs {
                 }
                 _ => None,
             };
-            Ok((Need { tx, blocks, inode: false, splits: false }, acl))
+            Ok((Need::new(tx, blocks, false), acl))
         })?;
         let tx = m.tx.clone();
         let mut node = m.inode(ino)?;
@@ -1210,7 +1207,7 @@ impl Fs {
                 }
             }
             let (tx, blocks) = m.xattr_cost(ino, &entries)?;
-            Ok((Need { tx, blocks, inode: false, splits: false }, (entries, mode)))
+            Ok((Need::new(tx, blocks, false), (entries, mode)))
         })?;
         self.inner.mutate(&mut m, |m| {
             m.set_xattrs(ino, entries)?;
@@ -1263,7 +1260,7 @@ impl Fs {
             };
             entries.remove(i);
             let (tx, blocks) = m.xattr_cost(ino, &entries)?;
-            Ok((Need { tx, blocks, inode: false, splits: false }, Some(entries)))
+            Ok((Need::new(tx, blocks, false), Some(entries)))
         })?;
         let Some(entries) = entries else { return Ok(()) };
         self.inner.mutate(&mut m, |m| m.set_xattrs(ino, entries))?;
@@ -1719,7 +1716,7 @@ impl Fs {
                 // A write into fallocated blocks is not refused for the reserve (`splits`
                 // false): fallocate promised it room (posix_fallocate), as ext4 keeps
                 // by converting from its reserved pool.
-                Ok((Need { tx, blocks: n, inode: false, splits: false }, ()))
+                Ok((Need::new(tx, n, false), ()))
             })?;
             let tx = m.tx.clone();
             let mut node = m.inode(ino)?;

@@ -196,7 +196,7 @@ impl Fs {
                 let bitmap = m.sb.block_bitmap_blocks;
                 let bitmaps = (n / f::BITS_PER_BITMAP_BLOCK + 2 * PIECE_EXTENTS).min(bitmap);
                 let tx = m.inode_cost(ino, PIECE_EXTENTS)?.plus(TxSize::new(bitmaps, 0));
-                Ok((Need { tx, blocks: n, inode: false, splits: false }, n))
+                Ok((Need::new(tx, n, false), n))
             })?;
             if n == 0 {
                 at = piece_end;
