@@ -283,7 +283,7 @@ impl FsInner {
     ) -> Result<(Option<crate::writeback::StartedWriteback>, Result<(crate::journal::Transaction, Vec<(u64, u64)>)>)>
     {
         self.settle_for_commit(files);
-        let gate = self.size_gate.write().unwrap_or_else(|e| e.into_inner());
+        let gate = self.size_gate.write();
         let selection = self.writeback_selection(files);
         let wb = self.writeback_begin(true, selection.as_ref(), crate::writeback::Wb::Commit(files))?;
         // The data blocks the journal carries (hitchhiking), and those it stops

@@ -111,7 +111,7 @@ pub(crate) struct FsInner {
     /// published: shared) against a commit's choice of data and its closing of the
     /// transaction (exclusive): a commit stores no size whose data it did not see
     /// dirty. Shared per CPU: taking it costs a writer no shared cache line.
-    pub(crate) size_gate: crossbeam_utils::sync::ShardedLock<()>,
+    pub(crate) size_gate: crate::lock::FileLock,
     /// Data was written back since the last flush (`take_unflushed`).
     pub(crate) unflushed: std::sync::atomic::AtomicBool,
     /// Files of fsyncs waiting for a commit: the next commit writes their data.

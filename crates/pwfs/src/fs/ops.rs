@@ -1613,7 +1613,7 @@ impl Fs {
         // data to closing its transaction: no commit stores a size over pages it did
         // not see dirty. (Write-back outside a commit that finds such a page past the
         // old end keeps it dirty, see `prepare_writeback`.)
-        let _gate = (end > size).then(|| self.inner.size_gate.read().unwrap_or_else(|e| e.into_inner()));
+        let _gate = (end > size).then(|| self.inner.size_gate.read());
         self.inner.cache.mark_dirty_range(ino, first, dirtied);
         // The size covers what was copied.
         let copied_end = offset + copied as u64;
