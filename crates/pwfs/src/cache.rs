@@ -13,7 +13,9 @@
 //! Lock order: the map lock is never held while a page lock is being waited for.
 
 use crate::device::AlignedBuf;
+use crate::lock::{cpu_slot, PerCpuRwLock};
 use crate::nbw::Patch;
+use crossbeam_utils::CachePadded;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -145,18 +147,17 @@ impl Page {
 
 #[derive(Debug, Default)]
 pub struct CacheStats {
-    pub hits: AtomicU64,
     pub misses: AtomicU64,
     pub evictions: AtomicU64,
 }
 
+#[derive(Default)]
 struct Map {
     pages: BTreeMap<Key, Arc<Page>>,
     /// The CLOCK order. A page dropped (truncate, delete, a failed fetch) leaves its
     /// key here, and one inserted again has two: `push_clock` keeps the queue within
     /// twice the pages.
     clock: VecDeque<Key>,
-    dirty: BTreeSet<Key>,
     /// Insertions that skip eviction because the last sweep found nothing to evict.
     skip: usize,
 }
@@ -176,12 +177,17 @@ impl Map {
     }
 }
 
-/// One shard of the cache: its own lock, clock, dirty set and counters, on cache
-/// lines of its own so that threads working in different shards share nothing.
-#[repr(align(128))]
+/// One shard of the cache: its pages and clock, its dirty set and its counters, on
+/// cache lines of their own so that threads working in different shards share
+/// nothing. The pages are under a lock sharded by CPU: a hit (a read, or a write to a
+/// cached page) takes its CPU's shard only, so threads on two CPUs finding pages of
+/// one shard do not pass its lock's cache line back and forth; an insertion or a drop
+/// takes every CPU's. The dirty set has a lock of its own, taken after the pages'
+/// when both are held.
 struct Shard {
-    map: Mutex<Map>,
-    stats: CacheStats,
+    map: PerCpuRwLock<Map>,
+    dirty: CachePadded<Mutex<BTreeSet<Key>>>,
+    stats: CachePadded<CacheStats>,
 }
 
 /// Pages go to shards by (inode, page index / 16): a sequential run of up to 16
@@ -192,6 +198,8 @@ const GROUP_SHIFT: u32 = 4;
 
 pub struct PageCache {
     shards: Box<[Shard]>,
+    /// Hits, counted per CPU (a hit writes no line another CPU's hit writes).
+    hits: [CachePadded<AtomicU64>; crate::lock::MAX_SHARDS],
     capacity: usize,
     /// Capacity of each shard (the cache's divided evenly).
     shard_capacity: usize,
@@ -206,18 +214,11 @@ impl PageCache {
         // early; a small cache is one shard (one CLOCK over everything).
         let n = (capacity / 256).clamp(1, 64);
         let shards = (0..n)
-            .map(|_| Shard {
-                map: Mutex::new(Map {
-                    pages: BTreeMap::new(),
-                    clock: VecDeque::new(),
-                    dirty: BTreeSet::new(),
-                    skip: 0,
-                }),
-                stats: CacheStats::default(),
-            })
+            .map(|_| Shard { map: Default::default(), dirty: Default::default(), stats: Default::default() })
             .collect();
         PageCache {
             shards,
+            hits: Default::default(),
             capacity,
             shard_capacity: capacity / n,
             pages: AtomicUsize::new(0),
@@ -255,23 +256,28 @@ impl PageCache {
         let sum = |f: fn(&CacheStats) -> &AtomicU64| -> u64 {
             self.shards.iter().map(|s| f(&s.stats).load(Ordering::Relaxed)).sum()
         };
-        (sum(|s| &s.hits), sum(|s| &s.misses), sum(|s| &s.evictions))
+        let hits = self.hits.iter().map(|h| h.load(Ordering::Relaxed)).sum();
+        (hits, sum(|s| &s.misses), sum(|s| &s.evictions))
     }
 
     /// Whether the page is in the cache now (tests).
     #[cfg(test)]
     pub fn contains(&self, key: Key) -> bool {
-        self.shard(key).map.lock().pages.contains_key(&key)
+        self.shard(key).map.read().pages.contains_key(&key)
     }
 
     pub fn get(&self, key: Key) -> Option<Arc<Page>> {
         let shard = self.shard(key);
-        let p = shard.map.lock().pages.get(&key).cloned();
-        if let Some(p) = &p {
-            p.touch();
+        let p = shard.map.read().pages.get(&key).cloned();
+        match &p {
+            Some(p) => {
+                p.touch();
+                self.hit(1);
+            }
+            None => {
+                shard.stats.misses.fetch_add(1, Ordering::Relaxed);
+            }
         }
-        let c = if p.is_some() { &shard.stats.hits } else { &shard.stats.misses };
-        c.fetch_add(1, Ordering::Relaxed);
         p
     }
 
@@ -283,19 +289,27 @@ impl PageCache {
         let mut idx = first;
         while idx < first + n {
             let end = (((idx >> GROUP_SHIFT) + 1) << GROUP_SHIFT).min(first + n);
-            let shard = self.shard((ino, idx));
-            let m = shard.map.lock();
+            let m = self.shard((ino, idx)).map.read();
+            let mut hits = 0;
             for idx in idx..end {
                 let p = m.pages.get(&(ino, idx)).cloned();
                 if let Some(p) = &p {
                     p.touch();
-                    shard.stats.hits.fetch_add(1, Ordering::Relaxed);
+                    hits += 1;
                 }
                 out.push(p);
             }
+            drop(m);
+            self.hit(hits);
             idx = end;
         }
         out
+    }
+
+    fn hit(&self, n: u64) {
+        if n > 0 {
+            self.hits[cpu_slot()].fetch_add(n, Ordering::Relaxed);
+        }
     }
 
     /// The page for `key`, inserting it in `Fetching` state if absent. The bool says
@@ -326,16 +340,37 @@ impl PageCache {
             let group_end = ((idx >> GROUP_SHIFT) + 1) << GROUP_SHIFT;
             let end = group_end.min(first + n);
             let shard = self.shard((ino, idx));
-            let mut m = shard.map.lock();
-            for idx in idx..end {
+            // Pages already here are found under this CPU's share of the lock.
+            let before = out.len();
+            {
+                let m = shard.map.read();
+                for i in idx..end {
+                    match m.pages.get(&(ino, i)) {
+                        Some(p) => out.push((p.clone(), false)),
+                        None => break,
+                    }
+                }
+            }
+            let found = (out.len() - before) as u64;
+            if !ahead {
+                // Referenced again after it came in: it gets a second chance in the
+                // CLOCK sweep. A page read once (streaming) does not, and goes first.
+                out[before..].iter().for_each(|(p, _)| p.touch());
+                self.hit(found);
+            }
+            if idx + found == end {
+                idx = end;
+                continue;
+            }
+            // The rest, inserted where missing, under the whole lock.
+            let idx_missing = idx + found;
+            let mut m = shard.map.write();
+            for idx in idx_missing..end {
                 let key = (ino, idx);
                 if let Some(p) = m.pages.get(&key) {
                     if !ahead {
-                        // Referenced again after it came in: it gets a second chance in
-                        // the CLOCK sweep. A page read once (streaming) does not, and
-                        // goes first.
                         p.touch();
-                        shard.stats.hits.fetch_add(1, Ordering::Relaxed);
+                        self.hit(1);
                     }
                     out.push((p.clone(), false));
                     continue;
@@ -374,7 +409,7 @@ impl PageCache {
             g.failed = true;
         }
         page.cond.notify_all();
-        let mut m = self.shard(page.key).map.lock();
+        let mut m = self.shard(page.key).map.write();
         if m.pages.get(&page.key).is_some_and(|p| std::ptr::eq(&**p, page)) {
             m.pages.remove(&page.key);
             self.pages.fetch_sub(1, Ordering::Relaxed);
@@ -384,21 +419,22 @@ impl PageCache {
     /// Whether each page is still the cache's page for its key.
     pub fn holds_all<'a>(&self, pages: impl Iterator<Item = &'a Arc<Page>>) -> Vec<bool> {
         pages
-            .map(|page| self.shard(page.key).map.lock().pages.get(&page.key).is_some_and(|p| Arc::ptr_eq(p, page)))
+            .map(|page| self.shard(page.key).map.read().pages.get(&page.key).is_some_and(|p| Arc::ptr_eq(p, page)))
             .collect()
     }
 
     /// `mark_dirty` for this page, if it is still the cache's page for its key (a
     /// page dropped meanwhile, by a truncate or a delete, is not listed again).
     pub fn mark_dirty_if_held(&self, page: &Arc<Page>) {
-        let mut m = self.shard(page.key).map.lock();
-        if m.pages.get(&page.key).is_some_and(|p| Arc::ptr_eq(p, page)) && m.dirty.insert(page.key) {
+        let shard = self.shard(page.key);
+        let m = shard.map.read();
+        if m.pages.get(&page.key).is_some_and(|p| Arc::ptr_eq(p, page)) && shard.dirty.lock().insert(page.key) {
             self.dirty.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     pub fn mark_dirty(&self, key: Key) {
-        if self.shard(key).map.lock().dirty.insert(key) {
+        if self.shard(key).dirty.lock().insert(key) {
             self.dirty.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -408,9 +444,9 @@ impl PageCache {
         let mut idx = from;
         while idx < to {
             let end = (((idx >> GROUP_SHIFT) + 1) << GROUP_SHIFT).min(to);
-            let mut m = self.shard((ino, idx)).map.lock();
-            let added = (idx..end).filter(|i| m.dirty.insert((ino, *i))).count();
-            drop(m);
+            let mut d = self.shard((ino, idx)).dirty.lock();
+            let added = (idx..end).filter(|i| d.insert((ino, *i))).count();
+            drop(d);
             if added > 0 {
                 self.dirty.fetch_add(added, Ordering::Relaxed);
             }
@@ -422,12 +458,13 @@ impl PageCache {
     pub fn dirty_pages(&self, inos: Option<&BTreeSet<u64>>) -> Vec<Arc<Page>> {
         let mut out = Vec::new();
         for shard in self.shards.iter() {
-            let m = shard.map.lock();
+            let m = shard.map.read();
+            let d = shard.dirty.lock();
             match inos {
-                None => out.extend(m.dirty.iter().filter_map(|k| m.pages.get(k).cloned())),
+                None => out.extend(d.iter().filter_map(|k| m.pages.get(k).cloned())),
                 Some(inos) => {
                     for ino in inos {
-                        let keys = m.dirty.range((*ino, 0)..=(*ino, u64::MAX));
+                        let keys = d.range((*ino, 0)..=(*ino, u64::MAX));
                         out.extend(keys.filter_map(|k| m.pages.get(k).cloned()));
                     }
                 }
@@ -440,8 +477,8 @@ impl PageCache {
     pub fn take_dirty(&self) -> Vec<Arc<Page>> {
         let mut out = Vec::new();
         for shard in self.shards.iter() {
-            let mut m = shard.map.lock();
-            let keys = std::mem::take(&mut m.dirty);
+            let m = shard.map.read();
+            let keys = std::mem::take(&mut *shard.dirty.lock());
             self.dirty.fetch_sub(keys.len(), Ordering::Relaxed);
             out.extend(keys.into_iter().filter_map(|k| m.pages.get(&k).cloned()));
         }
@@ -455,10 +492,10 @@ impl PageCache {
     pub fn dirty_inodes(&self) -> BTreeSet<u64> {
         let mut out = BTreeSet::new();
         for shard in self.shards.iter() {
-            let m = shard.map.lock();
+            let d = shard.dirty.lock();
             // One step per inode, not per dirty page.
             let mut from = (0, 0);
-            while let Some(&(ino, _)) = m.dirty.range(from..).next() {
+            while let Some(&(ino, _)) = d.range(from..).next() {
                 out.insert(ino);
                 match ino.checked_add(1) {
                     Some(next) => from = (next, 0),
@@ -473,11 +510,12 @@ impl PageCache {
     pub fn take_dirty_of(&self, inos: &BTreeSet<u64>) -> Vec<Arc<Page>> {
         let mut out = Vec::new();
         for shard in self.shards.iter() {
-            let mut m = shard.map.lock();
+            let m = shard.map.read();
+            let mut d = shard.dirty.lock();
             for ino in inos {
-                let keys: Vec<Key> = m.dirty.range((*ino, 0)..=(*ino, u64::MAX)).copied().collect();
+                let keys: Vec<Key> = d.range((*ino, 0)..=(*ino, u64::MAX)).copied().collect();
                 for k in keys {
-                    m.dirty.remove(&k);
+                    d.remove(&k);
                     self.dirty.fetch_sub(1, Ordering::Relaxed);
                     if let Some(p) = m.pages.get(&k) {
                         out.push(p.clone());
@@ -523,19 +561,20 @@ impl PageCache {
             v
         };
         for shard in visit.into_iter().map(|i| &self.shards[i]) {
-            let mut m = shard.map.lock();
+            let mut m = shard.map.write();
+            let mut d = shard.dirty.lock();
             let keys: Vec<Key> = m.pages.range((ino, from)..(ino, to)).map(|(k, _)| *k).collect();
             // (With `to` u64::MAX, the last page index is never used: indexes stay below 2^32.)
             for k in keys {
                 dropped.extend(m.pages.remove(&k));
-                if m.dirty.remove(&k) {
+                if d.remove(&k) {
                     self.dirty.fetch_sub(1, Ordering::Relaxed);
                 }
             }
             // Dirty keys whose page is gone already.
-            let gone: Vec<Key> = m.dirty.range((ino, from)..(ino, to)).copied().collect();
+            let gone: Vec<Key> = d.range((ino, from)..(ino, to)).copied().collect();
             for k in gone {
-                m.dirty.remove(&k);
+                d.remove(&k);
                 self.dirty.fetch_sub(1, Ordering::Relaxed);
             }
         }
@@ -546,8 +585,9 @@ impl PageCache {
     /// Drop every clean page (a cold start for benchmarks); dirty pages stay.
     pub fn evict_clean(&self) {
         for shard in self.shards.iter() {
-            let mut m = shard.map.lock();
-            let Map { pages, clock, dirty, .. } = &mut *m;
+            let mut m = shard.map.write();
+            let dirty = shard.dirty.lock();
+            let Map { pages, clock, .. } = &mut *m;
             let before = pages.len();
             pages.retain(|k, p| {
                 dirty.contains(k)
@@ -578,6 +618,7 @@ impl PageCache {
         // fourth insertion while it held only pages that cannot go (patches under
         // Lazy): 18% of all CPU time in a random-write benchmark.
         let mut budget = (m.clock.len() * 2).min((2 * self.shard_capacity).clamp(64, 1024));
+        let dirty = shard.dirty.lock();
         while freed < target && budget > 0 {
             budget -= 1;
             let Some(k) = m.clock.pop_front() else { break };
@@ -586,7 +627,7 @@ impl PageCache {
                 budget += 1;
                 continue;
             };
-            let clean = !m.dirty.contains(&k)
+            let clean = !dirty.contains(&k)
                 && Arc::strong_count(p) == 1
                 && p.data.try_lock().is_some_and(|g| g.state == PageState::UpToDate);
             if !clean {
@@ -655,7 +696,7 @@ mod tests {
     #[test]
     fn dropped_pages_leave_no_keys_behind() {
         let cache = PageCache::new(4096);
-        let queued = |c: &PageCache| c.shards.iter().map(|s| s.map.lock().clock.len()).sum::<usize>();
+        let queued = |c: &PageCache| c.shards.iter().map(|s| s.map.read().clock.len()).sum::<usize>();
         for round in 0..2000u64 {
             for (p, _) in cache.get_or_insert_range(round % 7, 0, 16) {
                 fill(&p);

@@ -11,10 +11,11 @@
 use crossbeam_utils::CachePadded;
 use parking_lot::lock_api::RawRwLock as _;
 use parking_lot::RawRwLock;
+use std::cell::UnsafeCell;
 use std::sync::OnceLock;
 
-/// Most shards a `FileLock` has: readers on more CPUs than this share shards.
-const MAX_SHARDS: usize = 8;
+/// Most shards a `PerCpuRwLock` has: readers on more CPUs than this share shards.
+pub const MAX_SHARDS: usize = 8;
 
 /// Shards in use: one per CPU of this machine, at most `MAX_SHARDS`. A writer takes
 /// every one, so a writer costs a lock per CPU, not per possible shard.
@@ -23,52 +24,72 @@ fn shards_in_use() -> usize {
     *N.get_or_init(|| std::thread::available_parallelism().map_or(MAX_SHARDS, |n| n.get()).clamp(1, MAX_SHARDS))
 }
 
-/// The shard of the CPU this thread runs on now (glibc reads it from the thread's
-/// rseq area: no system call). A thread moved to another CPU while it holds a read
-/// guard still releases the shard it took.
-fn this_cpu_shard() -> usize {
+/// The slot of the CPU this thread runs on now, below `MAX_SHARDS` (glibc reads the
+/// CPU from the thread's rseq area: no system call). Also for counters kept per CPU.
+pub fn cpu_slot() -> usize {
     // SAFETY: sched_getcpu has no arguments; it returns -1 when it cannot tell.
     let cpu = unsafe { libc::sched_getcpu() };
     usize::try_from(cpu).unwrap_or(0) % shards_in_use()
 }
 
 /// A reader-writer lock sharded by CPU: a reader takes the shard of its CPU only, so
-/// threads reading one file on different CPUs share no cache line here (measured: a
-/// plain rwlock's reader count made two threads reading one cached file slower than
-/// one); a writer takes every shard in use, in order. Shards follow CPUs, not threads
-/// (as `crossbeam`'s `ShardedLock` does, with eight shards whatever the machine): on
-/// this 2-core machine a write takes two locks instead of eight, and two readers on
-/// two CPUs never meet in one shard.
-pub struct FileLock {
+/// threads reading on different CPUs share no cache line here (measured: a plain
+/// rwlock's reader count made two threads reading one cached file slower than one);
+/// a writer takes every shard in use, in order. Shards follow CPUs, not threads (as
+/// `crossbeam`'s `ShardedLock` does, with eight shards whatever the machine): on this
+/// 2-core machine a write takes two locks instead of eight, and two readers on two
+/// CPUs never meet in one shard. A thread moved to another CPU while it holds a read
+/// guard lets go of the shard it took.
+pub struct PerCpuRwLock<T> {
     shards: [CachePadded<RawRwLock>; MAX_SHARDS],
+    value: UnsafeCell<T>,
 }
 
-impl Default for FileLock {
+// SAFETY: the value is reached only through guards: shared (`&T`) under a shard taken
+// shared, exclusive (`&mut T`) under every shard in use taken exclusive, as for
+// `std::sync::RwLock`.
+unsafe impl<T: Send> Send for PerCpuRwLock<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send + Sync> Sync for PerCpuRwLock<T> {}
+
+/// The file-access lock of an inode.
+pub type FileLock = PerCpuRwLock<()>;
+
+impl<T: Default> Default for PerCpuRwLock<T> {
     fn default() -> Self {
-        FileLock { shards: std::array::from_fn(|_| CachePadded::new(RawRwLock::INIT)) }
+        PerCpuRwLock::new(T::default())
     }
 }
 
-/// A shared hold of one shard of a `FileLock`.
+/// A shared hold of one shard of a `PerCpuRwLock`.
 #[must_use = "the lock is let go when the guard is dropped"]
-pub struct FileReadGuard<'a> {
-    shard: &'a RawRwLock,
+pub struct ReadGuard<'a, T> {
+    lock: &'a PerCpuRwLock<T>,
+    shard: usize,
 }
 
-impl Drop for FileReadGuard<'_> {
+impl<T> Drop for ReadGuard<'_, T> {
     fn drop(&mut self) {
         // SAFETY: this guard took the shard shared, and lets it go once.
-        unsafe { self.shard.unlock_shared() }
+        unsafe { self.lock.shards[self.shard].unlock_shared() }
     }
 }
 
-/// An exclusive hold of every shard in use of a `FileLock`.
-#[must_use = "the lock is let go when the guard is dropped"]
-pub struct FileWriteGuard<'a> {
-    lock: &'a FileLock,
+impl<T> std::ops::Deref for ReadGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: a shard held shared excludes every writer.
+        unsafe { &*self.lock.value.get() }
+    }
 }
 
-impl Drop for FileWriteGuard<'_> {
+/// An exclusive hold of every shard in use of a `PerCpuRwLock`.
+#[must_use = "the lock is let go when the guard is dropped"]
+pub struct WriteGuard<'a, T> {
+    lock: &'a PerCpuRwLock<T>,
+}
+
+impl<T> Drop for WriteGuard<'_, T> {
     fn drop(&mut self) {
         for s in self.lock.shards[..shards_in_use()].iter().rev() {
             // SAFETY: this guard took every shard in use exclusively, once.
@@ -77,22 +98,44 @@ impl Drop for FileWriteGuard<'_> {
     }
 }
 
-impl FileLock {
-    pub fn read(&self) -> FileReadGuard<'_> {
-        let shard = &*self.shards[this_cpu_shard()];
-        shard.lock_shared();
-        FileReadGuard { shard }
+impl<T> std::ops::Deref for WriteGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: every shard held exclusively excludes everyone else.
+        unsafe { &*self.lock.value.get() }
+    }
+}
+
+impl<T> std::ops::DerefMut for WriteGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: as above.
+        unsafe { &mut *self.lock.value.get() }
+    }
+}
+
+impl<T> PerCpuRwLock<T> {
+    pub fn new(value: T) -> Self {
+        PerCpuRwLock {
+            shards: std::array::from_fn(|_| CachePadded::new(RawRwLock::INIT)),
+            value: UnsafeCell::new(value),
+        }
     }
 
-    pub fn write(&self) -> FileWriteGuard<'_> {
+    pub fn read(&self) -> ReadGuard<'_, T> {
+        let shard = cpu_slot();
+        self.shards[shard].lock_shared();
+        ReadGuard { lock: self, shard }
+    }
+
+    pub fn write(&self) -> WriteGuard<'_, T> {
         for s in &self.shards[..shards_in_use()] {
             s.lock_exclusive();
         }
-        FileWriteGuard { lock: self }
+        WriteGuard { lock: self }
     }
 
     /// The write lock if no one holds the lock now.
-    pub fn try_write(&self) -> Option<FileWriteGuard<'_>> {
+    pub fn try_write(&self) -> Option<WriteGuard<'_, T>> {
         let n = shards_in_use();
         for (i, s) in self.shards[..n].iter().enumerate() {
             if !s.try_lock_exclusive() {
@@ -103,7 +146,7 @@ impl FileLock {
                 return None;
             }
         }
-        Some(FileWriteGuard { lock: self })
+        Some(WriteGuard { lock: self })
     }
 }
 
@@ -197,28 +240,21 @@ mod tests {
     /// see them apart.
     #[test]
     fn readers_never_see_a_half_done_write() {
-        struct Pair(std::cell::UnsafeCell<(u64, u64)>);
-        // SAFETY: the pair is read under a read guard and written under the write guard.
-        unsafe impl Sync for Pair {}
-        let (lock, pair, reads) = (FileLock::default(), Pair(Default::default()), AtomicU64::new(0));
+        let (lock, reads) = (PerCpuRwLock::new((0u64, 0u64)), AtomicU64::new(0));
         let n = std::thread::available_parallelism().map_or(1, |n| n.get()).max(2);
         std::thread::scope(|s| {
             for t in 0..2 * n {
-                let (lock, pair, reads) = (&lock, &pair, &reads);
+                let (lock, reads) = (&lock, &reads);
                 s.spawn(move || {
                     pin(t);
                     for _ in 0..20_000 {
                         if t % 2 == 0 {
-                            let _g = lock.write();
-                            // SAFETY: the write guard excludes every other access.
-                            let p = unsafe { &mut *pair.0.get() };
+                            let mut p = lock.write();
                             p.0 += 1;
                             std::hint::spin_loop();
                             p.1 += 1;
                         } else {
-                            let _g = lock.read();
-                            // SAFETY: readers only read; writers are excluded.
-                            let p = unsafe { *pair.0.get() };
+                            let p = lock.read();
                             assert_eq!(p.0, p.1, "a reader saw a write half done");
                             reads.fetch_add(1, Ordering::Relaxed);
                         }
@@ -226,9 +262,7 @@ mod tests {
                 });
             }
         });
-        // SAFETY: every thread has ended.
-        let p = unsafe { *pair.0.get() };
-        assert_eq!(p, (20_000 * n as u64, 20_000 * n as u64));
+        assert_eq!(*lock.read(), (20_000 * n as u64, 20_000 * n as u64));
         assert_eq!(reads.into_inner(), 20_000 * n as u64);
     }
 }
