@@ -515,3 +515,51 @@ fn fdatasync_of_a_new_empty_file_keeps_it() {
         assert_eq!(fs.metadata("/new").map(|m| m.size).ok(), Some(0), "seed {seed}");
     }
 }
+
+/// A truncate into the middle of a block on a device too full for the usual room
+/// (free blocks within the metadata reserve): the zeroed tail still never overwrites
+/// its block in place before the truncate commits, so a crash anywhere shows the file
+/// at its old size with its old bytes, or at its new size.
+#[test]
+fn a_truncate_on_a_nearly_full_device_never_shows_zeros_inside_the_old_size() {
+    for seed in 0..4u64 {
+        let image = formatted_image(8 * MIB, &MkfsOptions::default());
+        let config = Config { hitchhike: false, ..test_config() };
+        let dev = Arc::new(SimDevice::new(image, SimConfig { seed, ..Default::default() }));
+        let fs = Fs::mount(dev.clone(), config.clone()).unwrap();
+        let old: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8 + 1).collect();
+        fs.write_file("/f", &old).unwrap();
+        fs.sync().unwrap();
+        // Fill the device until a write is refused: what is free then is the reserve.
+        let fill = pwfs::OpenOptions::new().write(true).create(true).open(&fs, "/fill").unwrap();
+        let mut at = 0u64;
+        while fill.write_at(&[7u8; 4096], at).is_ok() {
+            at += 4096;
+            if at.is_multiple_of(64 * 4096) {
+                fs.sync().unwrap();
+            }
+        }
+        drop(fill);
+        fs.sync().unwrap();
+        let base = dev.start_recording();
+        fs.set_len("/f", 100).unwrap();
+        fs.sync().unwrap();
+        let log = dev.log();
+        drop(fs);
+        for k in 0..=log.len() {
+            let img = crash_image(&base, &log, k, seed * 1000 + k as u64);
+            let (_d, fs) = mount_mem(img);
+            let got = fs.read_file("/f").unwrap();
+            assert!(
+                got == old || got == old[..100],
+                "seed {seed} crash point {k} of {}: {} bytes, first differing at {:?}",
+                log.len(),
+                got.len(),
+                got.iter().zip(&old).position(|(a, b)| a != b)
+            );
+            if k == log.len() {
+                assert_eq!(got, old[..100], "the synced truncate");
+            }
+        }
+    }
+}

@@ -1807,6 +1807,20 @@ impl Fs {
                 if g.failed {
                     return Err(Error::io("fetch of the last page failed"));
                 }
+                // The zeroed tail page must not overwrite its block in place: until
+                // this truncate commits, a crash would show the old size with zeros
+                // in it. It moves to a new block (the old one is freed with the
+                // truncate), promised now, before anything changes: on a full device
+                // from the metadata reserve (the truncate gives a block back), as long
+                // as half of the reserve stays for the commits' extent chains; past
+                // that the truncate is refused (ENOSPC) with the file as it was.
+                {
+                    let mut m = self.meta();
+                    if m.available() <= FsInner::meta_reserve(&m) / 2 {
+                        return Err(Error::no_space("no free block for the cut last block of the file"));
+                    }
+                    m.add_reserved(1);
+                }
                 g.data_mut()[(size % BLOCK) as usize..].fill(0);
                 g.state = PageState::Dirty;
                 drop(g);
@@ -1817,20 +1831,20 @@ impl Fs {
             let dropped = self.inner.cache.drop_from(ino, keep, cell.pages_end());
             self.inner.forget_pages(dropped);
             let mut m = self.meta();
-            // The zeroed tail page must not overwrite its block in place: until this
-            // truncate commits, a crash would show the old size with zeros in it. It
-            // moves to a new block instead (the old one is freed with the truncate),
-            // unless the device is too full for that.
-            let tail = zeroed && m.available() > FsInner::meta_reserve(&m);
             self.inner.mutate(&mut m, |m| {
                 let mut node = m.inode(ino)?;
                 let mut freed = node.unmap_from(keep);
                 let mut reserved = 0i64;
-                if tail && node.map(keep - 1).is_some() {
-                    freed.extend(node.unmap_range(keep - 1, keep));
-                    node.converting.remove(&(keep - 1));
-                    node.reserved.insert(keep - 1);
-                    reserved += 1;
+                if zeroed {
+                    if node.map(keep - 1).is_some() {
+                        // The zeroed tail moves: its block promised above.
+                        freed.extend(node.unmap_range(keep - 1, keep));
+                        node.converting.remove(&(keep - 1));
+                        node.reserved.insert(keep - 1);
+                    } else {
+                        // Not written to a block yet (its page has one promised).
+                        reserved -= 1;
+                    }
                 }
                 reserved -= node.forget_pages(keep, u64::MAX) as i64;
                 // The size goes with the unmapping, in one change: a commit between
