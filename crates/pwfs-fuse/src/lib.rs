@@ -1216,7 +1216,7 @@ impl Filesystem for PwFuse {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -1225,7 +1225,16 @@ impl Filesystem for PwFuse {
         reply: ReplyEmpty,
     ) {
         let (create, replace) = (flags & libc::XATTR_CREATE != 0, flags & libc::XATTR_REPLACE != 0);
-        empty(reply, self.fs.setxattr(ino.0, name.as_bytes(), value, create, replace))
+        // An access ACL rewrites the mode; set by someone outside the file's group
+        // without CAP_FSETID it clears set-group-ID too, as ext4 does. The kernel says
+        // so only with FUSE_SETXATTR_EXT, which fuser does not parse: asked here, as
+        // for chown.
+        let drop_sgid = name.as_bytes() == b"system.posix_acl_access"
+            && self
+                .fs
+                .getattr(ino.0)
+                .is_ok_and(|m| m.mode & libc::S_ISGID != 0 && !fsetid_here(req.pid()) && !member(req, m.gid));
+        empty(reply, self.fs.setxattr_as(ino.0, name.as_bytes(), value, create, replace, drop_sgid))
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {

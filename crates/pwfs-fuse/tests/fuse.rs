@@ -176,6 +176,19 @@ fn o_trunc_truncates_but_not_a_running_binary() {
         assert_eq!(std::fs::read(p("f")).unwrap(), b"");
     }
 
+    // ftruncate to the same size, and O_TRUNC of an empty file, set the times (as on
+    // ext4, and as POSIX asks of O_TRUNC).
+    std::fs::write(p("same"), b"four").unwrap();
+    let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+    let set_old = || std::fs::File::options().write(true).open(p("same")).unwrap().set_modified(old).unwrap();
+    set_old();
+    std::fs::File::options().write(true).open(p("same")).unwrap().set_len(4).unwrap();
+    assert!(std::fs::metadata(p("same")).unwrap().modified().unwrap() > old, "ftruncate to the same size");
+    std::fs::File::options().write(true).open(p("same")).unwrap().set_len(0).unwrap();
+    set_old();
+    open(&p("same"), libc::O_WRONLY | libc::O_TRUNC).unwrap();
+    assert!(std::fs::metadata(p("same")).unwrap().modified().unwrap() > old, "O_TRUNC of an empty file");
+
     let sleep = std::fs::read("/bin/sleep").unwrap();
     std::fs::write(p("sleep"), &sleep).unwrap();
     std::fs::set_permissions(p("sleep"), std::fs::Permissions::from_mode(0o755)).unwrap();

@@ -305,6 +305,39 @@ fn posix_acls_are_enforced_kept_in_step_with_the_mode_and_inherited() {
     fs.unmount().unwrap();
 }
 
+/// An access ACL set by the owner while outside the file's group clears set-group-ID
+/// (xfstests generic/375), on files and directories; set by the owner inside the
+/// group, it keeps it.
+#[test]
+fn an_acl_set_from_outside_the_group_clears_set_group_id() {
+    if !can_mount() || !have("setfacl") {
+        return;
+    }
+    let fs = fresh_fs();
+    let (dir, mounted) = mount_in(&fs, "aclsgid", &MountOptions { allow_other: true, ..Default::default() });
+    let p = |s: &str| dir.join(s).display().to_string();
+    std::fs::write(p("outside"), b"x").unwrap();
+    std::fs::write(p("inside"), b"x").unwrap();
+    std::fs::create_dir(p("dir")).unwrap();
+    // Owned by nobody; the group root (nobody is not in it) or nobody's own.
+    for (name, gid) in [("outside", 0), ("inside", NOBODY), ("dir", 0)] {
+        std::os::unix::fs::chown(dir.join(name), Some(NOBODY), Some(gid)).unwrap();
+        chmod(dir.join(name).as_path(), 0o2755);
+        assert_eq!(mode(&dir.join(name)), 0o2755);
+        let (ok, err) = as_nobody(&format!("setfacl -m u::rwx,g::rwx,o::rwx {}", p(name)));
+        assert!(ok, "{name}: {err}");
+    }
+    assert_eq!(mode(&dir.join("outside")), 0o777, "set-group-ID cleared");
+    assert_eq!(mode(&dir.join("dir")), 0o777, "set-group-ID cleared on a directory");
+    assert_eq!(mode(&dir.join("inside")), 0o2777, "a member keeps set-group-ID");
+    // Root (CAP_FSETID) keeps it too.
+    chmod(dir.join("outside").as_path(), 0o2755);
+    sh(&format!("setfacl -m u::rwx,g::rwx,o::rwx {}", p("outside")));
+    assert_eq!(mode(&dir.join("outside")), 0o2777);
+    mounted.unmount().unwrap();
+    fs.unmount().unwrap();
+}
+
 /// trusted.* names are listed to a caller with CAP_SYS_ADMIN only, as ext4 lists them
 /// (the kernel leaves the filtering of a FUSE file system's list to it).
 #[test]

@@ -390,6 +390,17 @@ fn immutable_and_append_only_flags_are_kept_and_enforced() {
     fs.set_flags(d, FS_IMMUTABLE_FL).unwrap();
     assert_eq!(errno(fs.create("/d/new")), eperm);
     assert_eq!(errno(fs.remove_file("/d/in")), eperm);
+    // The flags are checked before emptiness (Linux's may_delete): a full immutable
+    // directory, or one in an append-only parent, is EPERM to rmdir, not ENOTEMPTY.
+    assert_eq!(errno(fs.rmdir(1, b"d")), eperm);
+    fs.create_dir("/ap", 0o755).unwrap();
+    fs.create_dir("/ap/full", 0o755).unwrap();
+    fs.write_file("/ap/full/x", b"").unwrap();
+    let ap = fs.metadata("/ap").unwrap().ino;
+    fs.set_flags(ap, FS_APPEND_FL).unwrap();
+    assert_eq!(errno(fs.rmdir(ap, b"full")), eperm);
+    fs.set_flags(ap, 0).unwrap();
+    assert_eq!(errno(fs.rmdir(ap, b"full")), libc::ENOTEMPTY);
     // The flags survive a remount; cleared, everything is allowed again.
     fs.unmount().unwrap();
     let fs = pwfs::Fs::mount(dev.clone(), test_config()).unwrap();

@@ -539,9 +539,11 @@ impl Fs {
                 return Err(Error::not_dir(""));
             }
             let (ino, _) = m.lookup(parent, name)?.ok_or_else(|| Error::not_found(""))?;
-            let is_dir = Self::check_replaceable(m, dir, ino)?;
+            // The flags first, then kind and emptiness, as Linux's may_delete: an
+            // append-only parent or an immutable directory is EPERM even when full.
             deny_change(&*m.inode(parent)?)?;
             deny_change(&*m.inode(ino)?)?;
+            let is_dir = Self::check_replaceable(m, dir, ino)?;
             let tx = m.inode_cost(parent, 0)?.plus(m.inode_cost(ino, 0)?).plus(entry_cost(false));
             // The last name of an inode nobody has open, which has no pages in the
             // cache: it is freed in this same change (one lock, one admission), as
@@ -1160,6 +1162,21 @@ impl Fs {
     /// permission bits (`posix_acl_update_mode`) and, when the mode says all it says,
     /// is not kept at all, as on ext4. An ACL without entries removes it.
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], create: bool, replace: bool) -> Result<()> {
+        self.setxattr_as(ino, name, value, create, replace, false)
+    }
+
+    /// `setxattr`; `drop_sgid`: an access ACL set by a caller outside the file's group
+    /// and without CAP_FSETID also clears the set-group-ID bit (`posix_acl_update_mode`;
+    /// the front end that knows the caller decides, as for chown).
+    pub fn setxattr_as(
+        &self,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        create: bool,
+        replace: bool,
+        drop_sgid: bool,
+    ) -> Result<()> {
         self.inner.check_writable()?;
         Self::check_xattr_name(name)?;
         if value.len() > f::XATTR_VALUE_MAX {
@@ -1180,7 +1197,8 @@ impl Fs {
                 }
                 keep = acl.as_ref().map(Acl::encode);
                 if let (Some(a), true) = (acl, name == perm::ACL_ACCESS) {
-                    mode = Some((node.d.mode & !0o777) | a.mode_bits());
+                    let sgid = if drop_sgid { perm::S_ISGID } else { 0 };
+                    mode = Some((node.d.mode & !0o777 & !sgid) | a.mode_bits());
                     if a.is_mode() {
                         keep = None;
                     }
