@@ -41,7 +41,10 @@ pub fn cpu_slot() -> usize {
 /// CPUs never meet in one shard. A thread moved to another CPU while it holds a read
 /// guard lets go of the shard it took.
 pub struct PerCpuRwLock<T> {
-    shards: [CachePadded<RawRwLock>; MAX_SHARDS],
+    /// One per CPU in use, on the heap: a lock inline would make whatever holds it
+    /// (an inode's cell) aligned to the cache line, and every allocation of it an
+    /// aligned one.
+    shards: Box<[CachePadded<RawRwLock>]>,
     value: UnsafeCell<T>,
 }
 
@@ -91,7 +94,7 @@ pub struct WriteGuard<'a, T> {
 
 impl<T> Drop for WriteGuard<'_, T> {
     fn drop(&mut self) {
-        for s in self.lock.shards[..shards_in_use()].iter().rev() {
+        for s in self.lock.shards.iter().rev() {
             // SAFETY: this guard took every shard in use exclusively, once.
             unsafe { s.unlock_exclusive() }
         }
@@ -116,7 +119,7 @@ impl<T> std::ops::DerefMut for WriteGuard<'_, T> {
 impl<T> PerCpuRwLock<T> {
     pub fn new(value: T) -> Self {
         PerCpuRwLock {
-            shards: std::array::from_fn(|_| CachePadded::new(RawRwLock::INIT)),
+            shards: (0..shards_in_use()).map(|_| CachePadded::new(RawRwLock::INIT)).collect(),
             value: UnsafeCell::new(value),
         }
     }
@@ -128,7 +131,7 @@ impl<T> PerCpuRwLock<T> {
     }
 
     pub fn write(&self) -> WriteGuard<'_, T> {
-        for s in &self.shards[..shards_in_use()] {
+        for s in self.shards.iter() {
             s.lock_exclusive();
         }
         WriteGuard { lock: self }
@@ -136,8 +139,7 @@ impl<T> PerCpuRwLock<T> {
 
     /// The write lock if no one holds the lock now.
     pub fn try_write(&self) -> Option<WriteGuard<'_, T>> {
-        let n = shards_in_use();
-        for (i, s) in self.shards[..n].iter().enumerate() {
+        for (i, s) in self.shards.iter().enumerate() {
             if !s.try_lock_exclusive() {
                 for taken in self.shards[..i].iter().rev() {
                     // SAFETY: taken exclusively just above, by this call.
