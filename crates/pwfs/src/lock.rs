@@ -12,6 +12,7 @@ use crossbeam_utils::CachePadded;
 use parking_lot::lock_api::RawRwLock as _;
 use parking_lot::RawRwLock;
 use std::cell::UnsafeCell;
+use std::marker::PhantomData;
 use std::sync::OnceLock;
 
 /// Most shards a `PerCpuRwLock` has: readers on more CPUs than this share shards.
@@ -21,7 +22,11 @@ pub const MAX_SHARDS: usize = 8;
 /// every one, so a writer costs a lock per CPU, not per possible shard.
 fn shards_in_use() -> usize {
     static N: OnceLock<usize> = OnceLock::new();
-    *N.get_or_init(|| std::thread::available_parallelism().map_or(MAX_SHARDS, |n| n.get()).clamp(1, MAX_SHARDS))
+    // The CPUs configured, not those this process may use: `sched_getcpu` numbers
+    // them all, and two allowed CPUs must not fall into one shard.
+    // SAFETY: sysconf has no memory arguments.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
+    *N.get_or_init(|| usize::try_from(n).unwrap_or(MAX_SHARDS).clamp(1, MAX_SHARDS))
 }
 
 /// The slot of the CPU this thread runs on now, below `MAX_SHARDS` (glibc reads the
@@ -64,12 +69,17 @@ impl<T: Default> Default for PerCpuRwLock<T> {
     }
 }
 
-/// A shared hold of one shard of a `PerCpuRwLock`.
+/// A shared hold of one shard of a `PerCpuRwLock`. Let go by the thread that took
+/// it (not `Send`, as parking_lot's own guards).
 #[must_use = "the lock is let go when the guard is dropped"]
 pub struct ReadGuard<'a, T> {
     lock: &'a PerCpuRwLock<T>,
     shard: usize,
+    _not_send: PhantomData<*const ()>,
 }
+
+// SAFETY: a shared reference to the guard only reads the value, as `&T` would.
+unsafe impl<T: Sync> Sync for ReadGuard<'_, T> {}
 
 impl<T> Drop for ReadGuard<'_, T> {
     fn drop(&mut self) {
@@ -86,11 +96,15 @@ impl<T> std::ops::Deref for ReadGuard<'_, T> {
     }
 }
 
-/// An exclusive hold of every shard in use of a `PerCpuRwLock`.
+/// An exclusive hold of every shard in use of a `PerCpuRwLock` (not `Send`).
 #[must_use = "the lock is let go when the guard is dropped"]
 pub struct WriteGuard<'a, T> {
     lock: &'a PerCpuRwLock<T>,
+    _not_send: PhantomData<*const ()>,
 }
+
+// SAFETY: a shared reference to the guard only reads the value, as `&T` would.
+unsafe impl<T: Sync> Sync for WriteGuard<'_, T> {}
 
 impl<T> Drop for WriteGuard<'_, T> {
     fn drop(&mut self) {
@@ -127,14 +141,14 @@ impl<T> PerCpuRwLock<T> {
     pub fn read(&self) -> ReadGuard<'_, T> {
         let shard = cpu_slot();
         self.shards[shard].lock_shared();
-        ReadGuard { lock: self, shard }
+        ReadGuard { lock: self, shard, _not_send: PhantomData }
     }
 
     pub fn write(&self) -> WriteGuard<'_, T> {
         for s in self.shards.iter() {
             s.lock_exclusive();
         }
-        WriteGuard { lock: self }
+        WriteGuard { lock: self, _not_send: PhantomData }
     }
 
     /// The write lock if no one holds the lock now.
@@ -148,7 +162,7 @@ impl<T> PerCpuRwLock<T> {
                 return None;
             }
         }
-        Some(WriteGuard { lock: self })
+        Some(WriteGuard { lock: self, _not_send: PhantomData })
     }
 }
 
@@ -200,23 +214,27 @@ mod tests {
     #[test]
     fn readers_share_and_a_writer_waits_for_readers_on_every_cpu() {
         let lock = FileLock::default();
-        std::thread::scope(|s| {
-            for cpu in 0..shards_in_use() {
+        for cpu in 0..shards_in_use() {
+            // A reader pinned to `cpu` holds the lock until told to let go.
+            let (held_tx, held_rx) = std::sync::mpsc::channel();
+            let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+            std::thread::scope(|s| {
                 let lock = &lock;
-                let held = s.spawn(move || {
+                s.spawn(move || {
                     pin(cpu);
-                    lock.read()
+                    let _g = lock.read();
+                    held_tx.send(()).unwrap();
+                    go_rx.recv().unwrap();
                 });
-                // A guard taken on another thread is let go there; here only its
-                // presence matters: it is dropped at the end of this iteration.
-                let g = held.join().unwrap();
-                let _second = lock.read();
+                held_rx.recv().unwrap();
+                let second = lock.read();
                 assert!(lock.try_write().is_none(), "a reader on CPU {cpu} holds the lock");
-                drop(g);
-                drop(_second);
-                assert!(lock.try_write().is_some(), "no reader holds the lock any more");
-            }
-        });
+                drop(second);
+                assert!(lock.try_write().is_none(), "the reader on CPU {cpu} still holds it");
+                go_tx.send(()).unwrap();
+            });
+            assert!(lock.try_write().is_some(), "no reader holds the lock any more");
+        }
     }
 
     #[test]

@@ -1809,6 +1809,9 @@ impl Fs {
                 n.map_data(idx).is_none() && !n.reserved.contains(&idx) && !n.converting.contains(&idx)
             };
             let zeroed = !size.is_multiple_of(BLOCK) && !hole(size / BLOCK);
+            // A tail page with a block moves; one still waiting for its first block
+            // (promised when it was written) needs none more.
+            let moved = zeroed && cell.lock().map(size / BLOCK).is_some();
             if zeroed {
                 let idx = size / BLOCK;
                 cell.note_pages(idx + 1);
@@ -1825,20 +1828,25 @@ impl Fs {
                 if g.failed {
                     return Err(Error::io("fetch of the last page failed"));
                 }
+                drop(g);
                 // The zeroed tail page must not overwrite its block in place: until
                 // this truncate commits, a crash would show the old size with zeros
                 // in it. It moves to a new block (the old one is freed with the
                 // truncate), promised now, before anything changes: on a full device
                 // from the metadata reserve (the truncate gives a block back), as long
                 // as half of the reserve stays for the commits' extent chains; past
-                // that the truncate is refused (ENOSPC) with the file as it was.
-                {
+                // that the truncate is refused (ENOSPC) with the file as it was. (The
+                // block map cannot change meanwhile: the file's access lock and the
+                // commit lock are held.)
+                if moved {
                     let mut m = self.meta();
                     if m.available() <= FsInner::meta_reserve(&m) / 2 {
                         return Err(Error::no_space("no free block for the cut last block of the file"));
                     }
                     m.add_reserved(1);
                 }
+                // Nothing else changes the page meanwhile (the same two locks).
+                let mut g = p.lock();
                 g.data_mut()[(size % BLOCK) as usize..].fill(0);
                 g.state = PageState::Dirty;
                 drop(g);
@@ -1850,19 +1858,21 @@ impl Fs {
             self.inner.forget_pages(dropped);
             let mut m = self.meta();
             self.inner.mutate(&mut m, |m| {
-                let mut node = m.inode(ino)?;
+                let mut node = match m.inode(ino) {
+                    Ok(node) => node,
+                    Err(e) => {
+                        // The promise goes back (the file system stops on this error).
+                        m.add_reserved(-(moved as i64));
+                        return Err(e);
+                    }
+                };
                 let mut freed = node.unmap_from(keep);
                 let mut reserved = 0i64;
-                if zeroed {
-                    if node.map(keep - 1).is_some() {
-                        // The zeroed tail moves: its block promised above.
-                        freed.extend(node.unmap_range(keep - 1, keep));
-                        node.converting.remove(&(keep - 1));
-                        node.reserved.insert(keep - 1);
-                    } else {
-                        // Not written to a block yet (its page has one promised).
-                        reserved -= 1;
-                    }
+                if moved {
+                    // The zeroed tail moves: its block promised above.
+                    freed.extend(node.unmap_range(keep - 1, keep));
+                    node.converting.remove(&(keep - 1));
+                    node.reserved.insert(keep - 1);
                 }
                 reserved -= node.forget_pages(keep, u64::MAX) as i64;
                 // The size goes with the unmapping, in one change: a commit between
