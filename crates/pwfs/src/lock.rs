@@ -22,11 +22,14 @@ pub const MAX_SHARDS: usize = 8;
 /// every one, so a writer costs a lock per CPU, not per possible shard.
 fn shards_in_use() -> usize {
     static N: OnceLock<usize> = OnceLock::new();
-    // The CPUs configured, not those this process may use: `sched_getcpu` numbers
-    // them all, and two allowed CPUs must not fall into one shard.
-    // SAFETY: sysconf has no memory arguments.
-    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
-    *N.get_or_init(|| usize::try_from(n).unwrap_or(MAX_SHARDS).clamp(1, MAX_SHARDS))
+    *N.get_or_init(|| {
+        // The CPUs configured, not those this process may use: `sched_getcpu`
+        // numbers them all, and two allowed CPUs must not fall into one shard. (Read
+        // once: glibc reads /sys for it.)
+        // SAFETY: sysconf has no memory arguments.
+        let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
+        usize::try_from(n).unwrap_or(MAX_SHARDS).clamp(1, MAX_SHARDS)
+    })
 }
 
 /// The slot of the CPU this thread runs on now, below `MAX_SHARDS` (glibc reads the
