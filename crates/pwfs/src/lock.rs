@@ -18,8 +18,9 @@ use std::sync::OnceLock;
 /// Most shards a `PerCpuRwLock` has: readers on more CPUs than this share shards.
 pub const MAX_SHARDS: usize = 8;
 
-/// Shards in use: one per CPU of this machine, at most `MAX_SHARDS`. A writer takes
-/// every one, so a writer costs a lock per CPU, not per possible shard.
+/// Shards in use: one per CPU of this machine (rounded up to a power of two), at most
+/// `MAX_SHARDS`. A writer takes every one, so a writer costs a lock per CPU, not per
+/// possible shard.
 fn shards_in_use() -> usize {
     static N: OnceLock<usize> = OnceLock::new();
     *N.get_or_init(|| {
@@ -28,7 +29,8 @@ fn shards_in_use() -> usize {
         // once: glibc reads /sys for it.)
         // SAFETY: sysconf has no memory arguments.
         let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
-        usize::try_from(n).unwrap_or(MAX_SHARDS).clamp(1, MAX_SHARDS)
+        // A power of two: a reader finds its shard with a mask, not a division.
+        usize::try_from(n).unwrap_or(MAX_SHARDS).clamp(1, MAX_SHARDS).next_power_of_two()
     })
 }
 
@@ -37,7 +39,7 @@ fn shards_in_use() -> usize {
 pub fn cpu_slot() -> usize {
     // SAFETY: sched_getcpu has no arguments; it returns -1 when it cannot tell.
     let cpu = unsafe { libc::sched_getcpu() };
-    usize::try_from(cpu).unwrap_or(0) % shards_in_use()
+    usize::try_from(cpu).unwrap_or(0) & (shards_in_use() - 1)
 }
 
 /// A reader-writer lock sharded by CPU: a reader takes the shard of its CPU only, so
