@@ -60,6 +60,12 @@ pub struct Page {
     data: Mutex<PageData>,
     cond: Condvar,
     referenced: AtomicBool,
+    /// Its key is in the cache's dirty set: set under the dirty set's lock by
+    /// `mark_dirty_range`, cleared as the key leaves it. Never set while the key is
+    /// not listed (it may be clear while it is), so a writer that dirtied the page and
+    /// then sees it set need not list it again: whoever took the key out (write-back)
+    /// locks the page after taking it, and so sees the writer's change.
+    listed: AtomicBool,
 }
 
 impl Page {
@@ -74,6 +80,11 @@ impl Page {
 
     pub fn lock(&self) -> MutexGuard<'_, PageData> {
         self.data.lock()
+    }
+
+    /// Whether the page's key is in the dirty set now (see `listed`).
+    pub fn listed(&self) -> bool {
+        self.listed.load(Ordering::Acquire)
     }
 
     /// Wait until the page is readable (its fetch or write-back is done) or its
@@ -391,6 +402,7 @@ impl PageCache {
                     }),
                     cond: Condvar::new(),
                     referenced: AtomicBool::new(ahead),
+                    listed: AtomicBool::new(false),
                 });
                 m.pages.insert(key, page.clone());
                 self.pages.fetch_add(1, Ordering::Relaxed);
@@ -444,9 +456,18 @@ impl PageCache {
         let mut idx = from;
         while idx < to {
             let end = (((idx >> GROUP_SHIFT) + 1) << GROUP_SHIFT).min(to);
-            let mut d = self.shard((ino, idx)).dirty.lock();
-            let added = (idx..end).filter(|i| d.insert((ino, *i))).count();
+            let shard = self.shard((ino, idx));
+            let m = shard.map.read();
+            let mut d = shard.dirty.lock();
+            let mut added = 0;
+            for i in idx..end {
+                added += d.insert((ino, i)) as usize;
+                if let Some(p) = m.pages.get(&(ino, i)) {
+                    p.listed.store(true, Ordering::Release);
+                }
+            }
             drop(d);
+            drop(m);
             if added > 0 {
                 self.dirty.fetch_add(added, Ordering::Relaxed);
             }
@@ -478,9 +499,16 @@ impl PageCache {
         let mut out = Vec::new();
         for shard in self.shards.iter() {
             let m = shard.map.read();
-            let keys = std::mem::take(&mut *shard.dirty.lock());
+            let mut d = shard.dirty.lock();
+            let keys = std::mem::take(&mut *d);
             self.dirty.fetch_sub(keys.len(), Ordering::Relaxed);
-            out.extend(keys.into_iter().filter_map(|k| m.pages.get(&k).cloned()));
+            for k in keys {
+                if let Some(p) = m.pages.get(&k) {
+                    p.listed.store(false, Ordering::Release);
+                    out.push(p.clone());
+                }
+            }
+            drop(d);
         }
         if self.shards.len() > 1 {
             out.sort_unstable_by_key(|p| p.key);
@@ -518,6 +546,7 @@ impl PageCache {
                     d.remove(&k);
                     self.dirty.fetch_sub(1, Ordering::Relaxed);
                     if let Some(p) = m.pages.get(&k) {
+                        p.listed.store(false, Ordering::Release);
                         out.push(p.clone());
                     }
                 }
@@ -566,7 +595,10 @@ impl PageCache {
             let keys: Vec<Key> = m.pages.range((ino, from)..(ino, to)).map(|(k, _)| *k).collect();
             // (With `to` u64::MAX, the last page index is never used: indexes stay below 2^32.)
             for k in keys {
-                dropped.extend(m.pages.remove(&k));
+                if let Some(p) = m.pages.remove(&k) {
+                    p.listed.store(false, Ordering::Release);
+                    dropped.push(p);
+                }
                 if d.remove(&k) {
                     self.dirty.fetch_sub(1, Ordering::Relaxed);
                 }
@@ -740,6 +772,31 @@ mod tests {
         }
         assert_eq!(cache.len(), 66 + 7, "every insertion after the skip evicted a page");
         assert_eq!(cache.stats().2, 4);
+    }
+
+    /// A page is marked listed while its key is in the dirty set, and never after the
+    /// key left it (taken by write-back, or the page dropped): a writer that sees the
+    /// mark may skip listing the page again.
+    #[test]
+    fn listed_follows_the_dirty_set() {
+        let cache = PageCache::new(256);
+        let pages: Vec<Arc<Page>> = cache.get_or_insert_range(1, 0, 4).into_iter().map(|(p, _)| p).collect();
+        pages.iter().for_each(|p| fill(p));
+        assert!(pages.iter().all(|p| !p.listed()), "a new page is not listed");
+        cache.mark_dirty_range(1, 0, 2);
+        assert_eq!(pages.iter().map(|p| p.listed()).collect::<Vec<_>>(), [true, true, false, false]);
+        let taken: Vec<Key> = cache.take_dirty().iter().map(|p| p.key).collect();
+        assert_eq!(taken, [(1, 0), (1, 1)]);
+        assert!(pages.iter().all(|p| !p.listed()), "taken by write-back: no longer listed");
+        cache.mark_dirty_range(1, 0, 4);
+        let of: BTreeSet<u64> = [1].into();
+        assert_eq!(cache.take_dirty_of(&of).len(), 4);
+        assert!(pages.iter().all(|p| !p.listed()));
+        cache.mark_dirty_range(1, 2, 4);
+        assert_eq!(cache.drop_from(1, 3, 4).len(), 1);
+        assert!(!pages[3].listed(), "dropped: no longer listed");
+        assert!(pages[2].listed());
+        assert_eq!(cache.dirty_count(), 1);
     }
 
     /// Readahead finding a page in the cache is not an access: a page read once and

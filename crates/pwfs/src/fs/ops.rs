@@ -1492,6 +1492,9 @@ impl Fs {
         let pages = self.inner.cache.get_or_insert_range(ino, first, last - first + 1);
         let mut result = Ok(());
         let mut dirtied = first;
+        // Every page dirtied so far is in the dirty set already (a page written again
+        // before write-back took it): no need to list them.
+        let mut listed = true;
         let nbw = self.inner.config.fetch != crate::FetchPolicy::Blocking;
         let relaxed = std::sync::atomic::Ordering::Relaxed;
         let mut pages = pages.into_iter().zip(first..);
@@ -1529,6 +1532,7 @@ impl Fs {
                         _ => {}
                     }
                     copied += n;
+                    listed = false;
                     dirtied = idx + 1;
                     continue;
                 } else {
@@ -1556,6 +1560,7 @@ impl Fs {
                     self.inner.stats.patched_pages.fetch_add(1, relaxed);
                 }
                 copied += n;
+                listed = false;
                 dirtied = idx + 1;
                 continue;
             }
@@ -1583,6 +1588,7 @@ impl Fs {
                         self.inner.stats.fetches_avoided.fetch_add(1, relaxed);
                     }
                     copied += n;
+                    listed = false;
                     dirtied = idx + 1;
                     continue;
                 }
@@ -1601,6 +1607,7 @@ impl Fs {
             g.data_mut()[at..at + n].copy_from_slice(chunk);
             g.state = PageState::Dirty;
             drop(g);
+            listed &= p.listed();
             copied += n;
             dirtied = idx + 1;
         }
@@ -1632,7 +1639,9 @@ impl Fs {
         // not see dirty. (Write-back outside a commit that finds such a page past the
         // old end keeps it dirty, see `prepare_writeback`.)
         let _gate = (end > size).then(|| self.inner.size_gate.read());
-        self.inner.cache.mark_dirty_range(ino, first, dirtied);
+        if !listed {
+            self.inner.cache.mark_dirty_range(ino, first, dirtied);
+        }
         // The size covers what was copied.
         let copied_end = offset + copied as u64;
         if let Some(t) = stamp {
