@@ -387,7 +387,9 @@ impl FsInner {
             }
         }
         let pressure = self.pressure();
-        if pressure >= 0.5 && !self.kick.swap(true, Ordering::Relaxed) {
+        // Read first: a writer that finds the thread kicked already writes nothing
+        // (the flag's line stays shared between the writers' CPUs).
+        if pressure >= 0.5 && !self.kick.load(Ordering::Relaxed) && !self.kick.swap(true, Ordering::Relaxed) {
             self.wake.1.notify_all();
         }
         if pressure >= 1.0 {
