@@ -260,6 +260,29 @@ fn role_mmap(path: &Path) {
     assert_eq!(&back, b"Z");
     f.read_exact_at(&mut back, (128 << 10) - 8).unwrap();
     assert_eq!(&back, b"M");
+    // A store of another descriptor's shared mapping, not written back yet, is data to
+    // a carried SEEK_DATA (`cp --sparse` copied zeros for it).
+    let sparse = path.with_extension("sparse");
+    let g = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&sparse).unwrap();
+    g.set_len(1 << 20).unwrap();
+    let h = std::fs::OpenOptions::new().read(true).write(true).open(&sparse).unwrap();
+    // SAFETY: a shared mapping of our own 1 MiB file, used and unmapped here; lseek of
+    // our own descriptor.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            1 << 20,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            h.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        *(p as *mut u8).add(512 << 10) = b'S';
+        // (Still mapped: FUSE writes a mapping's pages back when it is unmapped.)
+        assert_eq!(libc::lseek(g.as_raw_fd(), 0, libc::SEEK_DATA), 512 << 10, "the mapped store is data");
+        assert_eq!(libc::munmap(p, 1 << 20), 0);
+    }
 }
 
 /// Two forked children and two threads write records through one inherited

@@ -235,7 +235,25 @@ pub fn with_position<T>(fd: i32, f: impl FnOnce() -> T) -> T {
 /// (if this generation registered it) is released in the daemon.
 pub fn forget(fd: i32) {
     let Some(s) = slot(fd) else { return };
-    release(s.swap(unknown(), Ordering::AcqRel));
+    if let Some(was) = replace_unless_changing(s, unknown) {
+        release(was);
+    }
+}
+
+/// Put `new()` in the entry unless a close or replacement of the number is under way
+/// (`begin_change`): that one's `end_change` must find its token there, or the entry
+/// would stay as it was before the kernel call. Returns what was replaced.
+fn replace_unless_changing(s: &AtomicU64, new: impl Fn() -> u64) -> Option<u64> {
+    let mut cur = s.load(Ordering::Acquire);
+    loop {
+        if cur & CHANGING != 0 {
+            return None;
+        }
+        match s.compare_exchange_weak(cur, new(), Ordering::AcqRel, Ordering::Acquire) {
+            Ok(was) => return Some(was),
+            Err(now) => cur = now,
+        }
+    }
 }
 
 /// `fd` is about to be closed or replaced by a kernel call: until `end_change`,
@@ -269,8 +287,8 @@ pub fn close(o: Option<Ours>) -> Option<i32> {
 /// Carry nothing more of `fd` (a shared writable mapping of it: the kernel's pages are
 /// written back behind the shim's writes, so all its I/O goes through the kernel).
 pub fn stop_carrying(fd: i32) {
-    if let Some(s) = slot(fd) {
-        release(s.swap(NOT_OURS | fresh(), Ordering::AcqRel));
+    if let Some(was) = slot(fd).and_then(|s| replace_unless_changing(s, || NOT_OURS | fresh())) {
+        release(was);
     }
 }
 

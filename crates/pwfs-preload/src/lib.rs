@@ -359,6 +359,17 @@ pub unsafe extern "C" fn lseek64(fd: c_int, off: off_t, whence: c_int) -> off_t 
                 } else if off < 0 {
                     Err(Fail::Errno(libc::ENXIO))
                 } else {
+                    // Pages a shared writable mapping dirtied in the kernel (of any
+                    // descriptor) reach the engine first: unwritten, a hole there was
+                    // data for the mapping's reader (`cp --sparse` copied zeros). One
+                    // system call that writes nothing when nothing is dirty.
+                    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                        | libc::SYNC_FILE_RANGE_WRITE
+                        | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+                    if libc::syscall(libc::SYS_sync_file_range, fd, 0 as off_t, 0 as off_t, flags) != 0 {
+                        let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+                        return finish(Err(Fail::Errno(e)));
+                    }
                     request(o, Op::Seek, off as u64, 0, whence as u64, |_| 0, |_, _, _| ()).map(|(_, at)| at as i64)
                 };
                 match to {
@@ -899,17 +910,21 @@ pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
 /// word it is (an int or a pointer).
 #[no_mangle]
 pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_long) -> c_int {
-    // F_SETFL: registered again once the flags are the kernel's.
-    // O_APPEND changing: every descriptor of the description (dup, fork) sees it, and
-    // the ones registered carry the old flag: forgotten once the kernel has the new one
-    // (before, a thread could register one again with the old flag meanwhile).
+    // F_SETFL changing O_APPEND (the one flag F_SETFL can change that a registration
+    // keeps; O_SYNC and O_DSYNC it cannot change): registered again once the flags are
+    // the kernel's. Every descriptor of the description (dup, fork) sees it, and the
+    // ones registered carry the old flag: forgotten once the kernel has the new one
+    // (before, a thread could register one again with the old flag meanwhile). Any
+    // other F_SETFL (O_NONBLOCK, O_NOATIME...) leaves the registration alone: another
+    // thread's request in flight on it goes on, and a descriptor that stopped being
+    // carried (mapped) stays so.
     // (No extra F_GETFL for a descriptor known not to be ours: a server's sockets
     // set O_NONBLOCK at every accept.)
     let append_changes = cmd == libc::F_SETFL && !client::known_not_ours(fd) && {
         let before = real::fcntl64(fd, libc::F_GETFL, 0);
         before >= 0 && (before ^ arg as c_int) & libc::O_APPEND != 0
     };
-    let token = if cmd == libc::F_SETFL {
+    let token = if append_changes {
         shim(|| {
             let (token, was) = client::begin_change(fd);
             if let Some(o) = was {
