@@ -162,6 +162,40 @@ fn role() {
                 libc::close(b);
             }
         }
+        "vfork" => {
+            // A vfork child (CPython's subprocess) closing descriptors before its exec
+            // closes its own: the parent's carried descriptor keeps its handle.
+            let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path).unwrap();
+            f.write_all_at(b"one", 0).unwrap();
+            let fd = f.as_raw_fd();
+            // The child as posix_spawn makes it: clone(CLONE_VM | CLONE_VFORK) on a
+            // stack of its own, in this process's memory, this thread suspended until
+            // it exits (libc::vfork returns twice, which Rust cannot express).
+            extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
+                // SAFETY: close, close_range and _exit only (async-signal safe).
+                unsafe {
+                    libc::close(arg as usize as libc::c_int);
+                    libc::close_range(3, libc::c_uint::MAX, 0);
+                    libc::_exit(0)
+                }
+            }
+            let mut stack = vec![0u8; 256 << 10];
+            // SAFETY: the child's stack is ours and outlives it (CLONE_VFORK: clone
+            // returns once the child has exited); waitpid of our own child.
+            unsafe {
+                let top = stack.as_mut_ptr().add(stack.len()) as *mut libc::c_void;
+                let pid = libc::clone(
+                    child,
+                    top,
+                    libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+                    fd as usize as *mut libc::c_void,
+                );
+                assert!(pid > 0, "clone: {}", std::io::Error::last_os_error());
+                let mut status = 0;
+                assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+            }
+            f.write_all_at(b"two", 3).unwrap();
+        }
         r => panic!("unknown role {r}"),
     }
     println!("\n@carried {}", carried());
@@ -526,6 +560,20 @@ fn fork_dup2_exec_share_the_position_and_close_on_exec_closes() {
     let out = run_shim("fork", &[f.to_str().unwrap()]);
     assert!(value(&out, "carried") > 0, "{out}");
     assert_eq!(std::fs::read(&f).unwrap(), b"ABCDEG");
+}
+
+#[test]
+fn a_vfork_child_closing_descriptors_leaves_the_parents_alone() {
+    let _s = serial();
+    if !can_mount() {
+        return;
+    }
+    let m = mount("vfork");
+    let f = m.mp.join("f");
+    let out = run_shim("vfork", &[f.to_str().unwrap()]);
+    assert!(value(&out, "carried") > 0, "{out}");
+    assert_eq!(std::fs::read(&f).unwrap(), b"onetwo");
+    assert_eq!(stat_line(&m.mp, "shim files registered"), 1, "the parent's handle was not released");
 }
 
 #[test]

@@ -848,9 +848,35 @@ pub fn mount_request(m: usize, op: Op) -> R<()> {
         .map(|_| ())
 }
 
+/// The process the table belongs to (0 before `note_owner`).
+static OWNER: AtomicI32 = AtomicI32::new(0);
+
+/// This process owns the table (at load, and in a forked child).
+pub fn note_owner() {
+    // SAFETY: getpid has no arguments (the system call: glibc caches nothing).
+    OWNER.store(unsafe { libc::syscall(libc::SYS_getpid) } as i32, Ordering::Relaxed);
+}
+
+/// Whether the caller is a child of `vfork` (or `clone(CLONE_VM)`) running in its
+/// parent's memory, before its exec: the table is the parent's, but the descriptor
+/// table the kernel changes is the child's own. Its close, dup2, close_range and opens
+/// must not touch the table or release the parent's handles. (A system call: asked
+/// only of calls on numbers the table tracks, and of rare calls.)
+pub fn in_vfork_child() -> bool {
+    let owner = OWNER.load(Ordering::Relaxed);
+    // SAFETY: as above.
+    owner != 0 && unsafe { libc::syscall(libc::SYS_getpid) } as i32 != owner
+}
+
+/// Whether the table tracks `fd` as a Patchwork file (carried, or opened here).
+pub fn tracked(fd: i32) -> bool {
+    slot(fd).is_some_and(|s| s.load(Ordering::Relaxed) & (OURS | OPENED_HERE) != 0)
+}
+
 /// After a fork, in the child: a new generation; the lock may have been held by a
 /// thread that does not exist here.
 pub fn after_fork_in_child() {
+    note_owner();
     FORK_GEN.fetch_add(1, Ordering::SeqCst);
     close_inherited_sockets();
     // SAFETY: the child has one thread; whoever held the lock is not in it.

@@ -756,6 +756,9 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     if client::is_session_socket(fd) {
         return 0;
     }
+    if client::tracked(fd) && client::in_vfork_child() {
+        return real::close(fd);
+    }
     // Nothing registers the number until the kernel's close is done (a thread
     // registering it meanwhile would carry the closed file under a reused number).
     let (token, was) = shim(|| Some(client::begin_change(fd))).unwrap_or((0, None));
@@ -779,7 +782,8 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
         return -1;
     }
     // As close: nothing registers these numbers until the kernel has closed them.
-    let tokens = if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
+    // (A vfork child closes its own descriptors, not the table's: CPython's subprocess.)
+    let tokens = if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 && !client::in_vfork_child() {
         shim(|| Some(client::begin_range(first, last))).unwrap_or_default()
     } else {
         Vec::new()
@@ -821,6 +825,9 @@ pub unsafe extern "C" fn fclose(f: *mut FILE) -> c_int {
         return real::fclose(f);
     }
     let fd = libc::fileno(f);
+    if client::tracked(fd) && client::in_vfork_child() {
+        return real::fclose(f);
+    }
     let token = shim(|| {
         let (token, was) = client::begin_change(fd);
         if let Some(o) = was {
@@ -836,7 +843,7 @@ pub unsafe extern "C" fn fclose(f: *mut FILE) -> c_int {
 }
 
 unsafe fn forget(fd: c_int) {
-    if fd >= 0 {
+    if fd >= 0 && !(client::tracked(fd) && client::in_vfork_child()) {
         shim(|| {
             client::forget(fd);
             Some(())
@@ -846,7 +853,7 @@ unsafe fn forget(fd: c_int) {
 
 /// `fd` was just opened by the program: a description of its own.
 unsafe fn opened(fd: c_int) {
-    if fd >= 0 {
+    if fd >= 0 && !(client::tracked(fd) && client::in_vfork_child()) {
         shim(|| {
             client::opened(fd);
             Some(())
@@ -858,6 +865,9 @@ unsafe fn opened(fd: c_int) {
 /// the caller ends it after the kernel call), and if it is one of the shim's sockets,
 /// the socket moves elsewhere.
 unsafe fn replacing(old: c_int, new: c_int) -> Option<u64> {
+    if (client::tracked(old) || client::tracked(new)) && client::in_vfork_child() {
+        return None;
+    }
     shim(|| {
         client::shared(old);
         if old == new {
@@ -924,7 +934,7 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_long) -> c_int {
         let before = real::fcntl64(fd, libc::F_GETFL, 0);
         before >= 0 && (before ^ arg as c_int) & libc::O_APPEND != 0
     };
-    let token = if append_changes {
+    let token = if append_changes && !client::in_vfork_child() {
         shim(|| {
             let (token, was) = client::begin_change(fd);
             if let Some(o) = was {
@@ -1148,6 +1158,7 @@ extern "C" fn after_fork_child() {
 }
 
 extern "C" fn init() {
+    client::note_owner();
     // SAFETY: registering three handlers that take and release our own lock.
     unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork_parent), Some(after_fork_child)) };
 }
