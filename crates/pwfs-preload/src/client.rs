@@ -869,8 +869,14 @@ pub fn in_vfork_child() -> bool {
 }
 
 /// Whether the table tracks `fd` as a Patchwork file (carried, or opened here).
-pub fn tracked(fd: i32) -> bool {
+fn tracked(fd: i32) -> bool {
     slot(fd).is_some_and(|s| s.load(Ordering::Relaxed) & (OURS | OPENED_HERE) != 0)
+}
+
+/// A change of `fd` the table must not follow: the table tracks the number, and the
+/// caller is a vfork child (whose descriptor table is not the one the table is of).
+pub fn vfork_childs(fd: i32) -> bool {
+    tracked(fd) && in_vfork_child()
 }
 
 /// After a fork, in the child: a new generation; the lock may have been held by a

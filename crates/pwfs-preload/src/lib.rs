@@ -756,7 +756,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     if client::is_session_socket(fd) {
         return 0;
     }
-    if client::tracked(fd) && client::in_vfork_child() {
+    if client::vfork_childs(fd) {
         return real::close(fd);
     }
     // Nothing registers the number until the kernel's close is done (a thread
@@ -825,7 +825,7 @@ pub unsafe extern "C" fn fclose(f: *mut FILE) -> c_int {
         return real::fclose(f);
     }
     let fd = libc::fileno(f);
-    if client::tracked(fd) && client::in_vfork_child() {
+    if client::vfork_childs(fd) {
         return real::fclose(f);
     }
     let token = shim(|| {
@@ -843,7 +843,7 @@ pub unsafe extern "C" fn fclose(f: *mut FILE) -> c_int {
 }
 
 unsafe fn forget(fd: c_int) {
-    if fd >= 0 && !(client::tracked(fd) && client::in_vfork_child()) {
+    if fd >= 0 && !client::vfork_childs(fd) {
         shim(|| {
             client::forget(fd);
             Some(())
@@ -853,7 +853,9 @@ unsafe fn forget(fd: c_int) {
 
 /// `fd` was just opened by the program: a description of its own.
 unsafe fn opened(fd: c_int) {
-    if fd >= 0 && !(client::tracked(fd) && client::in_vfork_child()) {
+    // (Any number opened in a vfork child: an untracked one marked here would be the
+    // parent's entry.)
+    if fd >= 0 && !client::in_vfork_child() {
         shim(|| {
             client::opened(fd);
             Some(())
@@ -865,7 +867,7 @@ unsafe fn opened(fd: c_int) {
 /// the caller ends it after the kernel call), and if it is one of the shim's sockets,
 /// the socket moves elsewhere.
 unsafe fn replacing(old: c_int, new: c_int) -> Option<u64> {
-    if (client::tracked(old) || client::tracked(new)) && client::in_vfork_child() {
+    if client::vfork_childs(old) || client::vfork_childs(new) {
         return None;
     }
     shim(|| {

@@ -13,7 +13,7 @@
 //! Lock order: the map lock is never held while a page lock is being waited for.
 
 use crate::device::AlignedBuf;
-use crate::lock::{cpu_slot, PerCpuRwLock};
+use crate::lock::PerCpuRwLock;
 use crate::nbw::Patch;
 use crossbeam_utils::CachePadded;
 use parking_lot::{Condvar, Mutex, MutexGuard};
@@ -61,7 +61,8 @@ pub struct Page {
     cond: Condvar,
     referenced: AtomicBool,
     /// Its key is in the cache's dirty set: set under the dirty set's lock by
-    /// `mark_dirty_range`, cleared as the key leaves it. Never set while the key is
+    /// `mark_dirty_range`, cleared as the key leaves it while the page is the cache's
+    /// (and when its fetch fails). Never set while the key is
     /// not listed (it may be clear while it is), so a writer that dirtied the page and
     /// then sees it set need not list it again: whoever took the key out (write-back)
     /// locks the page after taking it, and so sees the writer's change.
@@ -279,11 +280,13 @@ impl PageCache {
 
     pub fn get(&self, key: Key) -> Option<Arc<Page>> {
         let shard = self.shard(key);
-        let p = shard.map.read().pages.get(&key).cloned();
+        let m = shard.map.read();
+        let (p, slot) = (m.pages.get(&key).cloned(), m.slot());
+        drop(m);
         match &p {
             Some(p) => {
                 p.touch();
-                self.hit(1);
+                self.hit(slot, 1);
             }
             None => {
                 shard.stats.misses.fetch_add(1, Ordering::Relaxed);
@@ -301,6 +304,7 @@ impl PageCache {
         while idx < first + n {
             let end = (((idx >> GROUP_SHIFT) + 1) << GROUP_SHIFT).min(first + n);
             let m = self.shard((ino, idx)).map.read();
+            let slot = m.slot();
             let mut hits = 0;
             for idx in idx..end {
                 let p = m.pages.get(&(ino, idx)).cloned();
@@ -311,15 +315,15 @@ impl PageCache {
                 out.push(p);
             }
             drop(m);
-            self.hit(hits);
+            self.hit(slot, hits);
             idx = end;
         }
         out
     }
 
-    fn hit(&self, n: u64) {
+    fn hit(&self, slot: usize, n: u64) {
         if n > 0 {
-            self.hits[cpu_slot()].fetch_add(n, Ordering::Relaxed);
+            self.hits[slot].fetch_add(n, Ordering::Relaxed);
         }
     }
 
@@ -353,7 +357,7 @@ impl PageCache {
             let shard = self.shard((ino, idx));
             // Pages already here are found under this CPU's share of the lock.
             let before = out.len();
-            {
+            let slot = {
                 let m = shard.map.read();
                 for i in idx..end {
                     match m.pages.get(&(ino, i)) {
@@ -361,13 +365,14 @@ impl PageCache {
                         None => break,
                     }
                 }
-            }
+                m.slot()
+            };
             let found = (out.len() - before) as u64;
             if !ahead {
                 // Referenced again after it came in: it gets a second chance in the
                 // CLOCK sweep. A page read once (streaming) does not, and goes first.
                 out[before..].iter().for_each(|(p, _)| p.touch());
-                self.hit(found);
+                self.hit(slot, found);
             }
             if idx + found == end {
                 idx = end;
@@ -381,7 +386,7 @@ impl PageCache {
                 if let Some(p) = m.pages.get(&key) {
                     if !ahead {
                         p.touch();
-                        self.hit(1);
+                        self.hit(slot, 1);
                     }
                     out.push((p.clone(), false));
                     continue;
@@ -421,6 +426,7 @@ impl PageCache {
             g.failed = true;
         }
         page.cond.notify_all();
+        page.listed.store(false, Ordering::Release);
         let mut m = self.shard(page.key).map.write();
         if m.pages.get(&page.key).is_some_and(|p| std::ptr::eq(&**p, page)) {
             m.pages.remove(&page.key);

@@ -25,8 +25,9 @@ fn shards_in_use() -> usize {
     static N: OnceLock<usize> = OnceLock::new();
     *N.get_or_init(|| {
         // The CPUs configured, not those this process may use: `sched_getcpu`
-        // numbers them all, and two allowed CPUs must not fall into one shard. (Read
-        // once: glibc reads /sys for it.)
+        // numbers them all, and with up to eight of them two allowed CPUs never fall
+        // into one shard (past eight, CPUs share shards). (Read once: glibc reads
+        // /sys for it.)
         // SAFETY: sysconf has no memory arguments.
         let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
         // A power of two: a reader finds its shard with a mask, not a division.
@@ -36,7 +37,7 @@ fn shards_in_use() -> usize {
 
 /// The slot of the CPU this thread runs on now, below `MAX_SHARDS` (glibc reads the
 /// CPU from the thread's rseq area: no system call). Also for counters kept per CPU.
-pub fn cpu_slot() -> usize {
+fn cpu_slot() -> usize {
     // SAFETY: sched_getcpu has no arguments; it returns -1 when it cannot tell.
     let cpu = unsafe { libc::sched_getcpu() };
     usize::try_from(cpu).unwrap_or(0) & (shards_in_use() - 1)
@@ -93,6 +94,14 @@ impl<T> Drop for ReadGuard<'_, T> {
     }
 }
 
+impl<T> ReadGuard<'_, T> {
+    /// The CPU slot the guard took (`cpu_slot` when it was taken): for counters kept
+    /// per CPU, without asking again.
+    pub fn slot(&self) -> usize {
+        self.shard
+    }
+}
+
 impl<T> std::ops::Deref for ReadGuard<'_, T> {
     type Target = T;
     fn deref(&self) -> &T {
@@ -143,6 +152,7 @@ impl<T> PerCpuRwLock<T> {
         }
     }
 
+    /// The shared side, on the shard of this thread's CPU (`ReadGuard::slot`).
     pub fn read(&self) -> ReadGuard<'_, T> {
         let shard = cpu_slot();
         self.shards[shard].lock_shared();
@@ -212,7 +222,8 @@ mod tests {
         unsafe {
             let mut set: libc::cpu_set_t = std::mem::zeroed();
             libc::CPU_SET(cpu % n, &mut set);
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            let r = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            assert_eq!(r, 0, "pinning to CPU {cpu}: {}", std::io::Error::last_os_error());
         }
     }
 

@@ -401,6 +401,13 @@ fn immutable_and_append_only_flags_are_kept_and_enforced() {
     assert_eq!(errno(fs.rmdir(ap, b"full")), eperm);
     fs.set_flags(ap, 0).unwrap();
     assert_eq!(errno(fs.rmdir(ap, b"full")), libc::ENOTEMPTY);
+    // So does a rename over it.
+    fs.create_dir("/src", 0o755).unwrap();
+    let full = fs.metadata("/ap/full").unwrap().ino;
+    fs.set_flags(full, FS_IMMUTABLE_FL).unwrap();
+    assert_eq!(errno(fs.rename(1, b"src", ap, b"full", false)), eperm);
+    fs.set_flags(full, 0).unwrap();
+    assert_eq!(errno(fs.rename(1, b"src", ap, b"full", false)), libc::ENOTEMPTY);
     // The flags survive a remount; cleared, everything is allowed again.
     fs.unmount().unwrap();
     let fs = pwfs::Fs::mount(dev.clone(), test_config()).unwrap();

@@ -788,8 +788,9 @@ impl Fs {
                     if !src_dir && m.inode(d)?.is_dir() && Self::is_inside(m, sp, d)? {
                         return Err(Error::not_empty("the target holds the source"));
                     }
-                    Self::check_replaceable(m, src_dir, d)?;
+                    // The flags before kind and emptiness, as rmdir (may_delete).
                     deny_change(&*m.inode(d)?)?;
+                    Self::check_replaceable(m, src_dir, d)?;
                     false
                 }
                 None => m.dir(dp, |idx| idx.free.is_empty())?,
@@ -1813,14 +1814,16 @@ impl Fs {
             let keep = size.div_ceil(BLOCK);
             // Bytes past EOF in the last block stay zero on disk and in cache. A tail
             // page in a hole (no block, nothing reserved) is zeros already.
-            let hole = |idx: u64| {
-                let n = cell.lock();
-                n.map_data(idx).is_none() && !n.reserved.contains(&idx) && !n.converting.contains(&idx)
-            };
-            let zeroed = !size.is_multiple_of(BLOCK) && !hole(size / BLOCK);
             // A tail page with a block moves; one still waiting for its first block
             // (promised when it was written) needs none more.
-            let moved = zeroed && cell.lock().map(size / BLOCK).is_some();
+            let (zeroed, moved) = match size.is_multiple_of(BLOCK) {
+                true => (false, false),
+                false => {
+                    let (n, idx) = (cell.lock(), size / BLOCK);
+                    let hole = n.map_data(idx).is_none() && !n.reserved.contains(&idx) && !n.converting.contains(&idx);
+                    (!hole, !hole && n.map(idx).is_some())
+                }
+            };
             if zeroed {
                 let idx = size / BLOCK;
                 cell.note_pages(idx + 1);
