@@ -256,6 +256,21 @@ fn role_write(path: &Path) {
         assert_eq!(*libc::__errno_location(), libc::EINVAL);
         assert_eq!(libc::write(fd, b"x".as_ptr() as *const libc::c_void, 0), 0);
         assert_eq!(libc::pread(fd, byte.as_mut_ptr() as *mut libc::c_void, 0, 5), 0);
+        // RWF_APPEND (the kernel's path) appends at the end the shim's writes made,
+        // not at the size the kernel last saw (0).
+        let app = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path.with_extension("app"))
+            .unwrap();
+        app.write_all_at(&[7u8; 100_000], 0).unwrap();
+        let iov = libc::iovec { iov_base: b"APP".as_ptr() as *mut libc::c_void, iov_len: 3 };
+        assert_eq!(libc::pwritev2(app.as_raw_fd(), &iov, 1, -1, libc::RWF_APPEND), 3);
+        let mut tail = [0u8; 4];
+        app.read_exact_at(&mut tail, 100_000 - 1).unwrap();
+        assert_eq!(&tail, b"\x07APP", "RWF_APPEND at the end");
     }
     f.sync_all().unwrap();
 }

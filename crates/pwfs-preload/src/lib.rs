@@ -308,7 +308,14 @@ pub unsafe extern "C" fn preadv2(fd: c_int, iov: *const iovec, cnt: c_int, off: 
 #[no_mangle]
 pub unsafe extern "C" fn pwritev64v2(fd: c_int, iov: *const iovec, cnt: c_int, off: off_t, flags: c_int) -> ssize_t {
     let carried = if flags == 0 { do_write(fd, iov, cnt, (off != -1).then_some(off)) } else { None };
-    carried.unwrap_or_else(|| real::pwritev64v2(fd, iov, cnt, off, flags))
+    carried.unwrap_or_else(|| {
+        // RWF_APPEND goes to the kernel, which appends at the size it caches: stale
+        // after carried writes grew the file (it would write over their end).
+        if flags & libc::RWF_APPEND != 0 && shim(|| classify(fd)).is_some() {
+            refresh_kernel_size(fd);
+        }
+        real::pwritev64v2(fd, iov, cnt, off, flags)
+    })
 }
 
 #[no_mangle]
