@@ -366,16 +366,11 @@ pub unsafe extern "C" fn lseek64(fd: c_int, off: off_t, whence: c_int) -> off_t 
                 } else if off < 0 {
                     Err(Fail::Errno(libc::ENXIO))
                 } else {
-                    // Pages a shared writable mapping dirtied in the kernel (of any
-                    // descriptor) reach the engine first: unwritten, a hole there was
-                    // data for the mapping's reader (`cp --sparse` copied zeros). One
-                    // system call that writes nothing when nothing is dirty.
-                    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
-                        | libc::SYNC_FILE_RANGE_WRITE
-                        | libc::SYNC_FILE_RANGE_WAIT_AFTER;
-                    if libc::syscall(libc::SYS_sync_file_range, fd, 0 as off_t, 0 as off_t, flags) != 0 {
-                        let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
-                        return finish(Err(Fail::Errno(e)));
+                    // Pages a shared writable mapping dirtied in the kernel reach the
+                    // engine first: unwritten, a hole there was data for the mapping's
+                    // reader (`cp --sparse` copied zeros).
+                    if let Err(e) = write_back_mapped(fd) {
+                        return finish(Err(e));
                     }
                     request(o, Op::Seek, off as u64, 0, whence as u64, |_| 0, |_, _, _| ()).map(|(_, at)| at as i64)
                 };
@@ -425,14 +420,23 @@ pub unsafe extern "C" fn fdatasync(fd: c_int) -> c_int {
 unsafe fn carried_fsync(fd: c_int, datasync: u64) -> Option<c_int> {
     shim(|| {
         let o = classify(fd)?;
-        let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
-        if libc::syscall(libc::SYS_sync_file_range, fd, 0 as off_t, 0 as off_t, flags) != 0 {
-            let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
-            return finish(Err(Fail::Errno(e)));
+        if let Err(e) = write_back_mapped(fd) {
+            return finish(Err(e));
         }
         finish(request(o, Op::Fsync, 0, 0, datasync, |_| 0, |_, _, _| ()).map(|_| 0))
     })
     .map(|v| v as c_int)
+}
+
+/// Have the kernel write the file's dirty pages (a shared writable mapping's, of any
+/// descriptor) to the daemon and wait for them: one system call that writes nothing
+/// when nothing is dirty.
+unsafe fn write_back_mapped(fd: c_int) -> Result<(), Fail> {
+    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    if libc::syscall(libc::SYS_sync_file_range, fd, 0 as off_t, 0 as off_t, flags) != 0 {
+        return Err(Fail::Errno(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)));
+    }
+    Ok(())
 }
 
 /// A size change the kernel did not make: its cached size was invalidated (if it had
