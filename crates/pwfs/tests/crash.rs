@@ -563,3 +563,55 @@ fn a_truncate_on_a_nearly_full_device_never_shows_zeros_inside_the_old_size() {
         }
     }
 }
+
+/// On a full device, truncates into the middle of blocks take their tails' new blocks
+/// from the metadata reserve until half of it is left, then are refused with ENOSPC
+/// and change nothing; once their commits give the old blocks back, they go through.
+#[test]
+fn truncates_on_a_full_device_stop_at_half_the_reserve_and_change_nothing() {
+    let image = formatted_image(8 * MIB, &MkfsOptions::default());
+    let (_dev, fs) = sim_fs(image, SimConfig::default(), Config { hitchhike: false, ..test_config() });
+    let old: Vec<u8> = (0..8192u32).map(|i| (i % 253) as u8 + 1).collect();
+    let names: Vec<String> = (0..64).map(|i| format!("/t{i}")).collect();
+    for n in &names {
+        fs.write_file(n, &old).unwrap();
+    }
+    fs.sync().unwrap();
+    let fill = pwfs::OpenOptions::new().write(true).create(true).open(&fs, "/fill").unwrap();
+    let mut at = 0u64;
+    while fill.write_at(&[7u8; 4096], at).is_ok() {
+        at += 4096;
+    }
+    drop(fill);
+    fs.sync().unwrap();
+    let mut refused = None;
+    for (i, n) in names.iter().enumerate() {
+        match fs.set_len(n, 100) {
+            Ok(()) => assert_eq!(fs.read_file(n).unwrap(), old[..100]),
+            Err(e) => {
+                assert_eq!(e.errno(), libc::ENOSPC, "{e}");
+                assert_eq!(fs.read_file(n).unwrap(), old, "a refused truncate changes nothing");
+                refused = Some(i);
+                break;
+            }
+        }
+    }
+    let refused = refused.expect("the reserve runs out before 64 truncates");
+    assert!(refused >= 2, "only {refused} truncates went through");
+    // A truncate to a block boundary needs no block: never refused.
+    fs.set_len(&names[refused], 4096).unwrap();
+    // Committed, the truncates give their old blocks back: the next one goes through.
+    fs.sync().unwrap();
+    fs.set_len(&names[refused + 1], 100).unwrap();
+    fs.sync().unwrap();
+    for (i, n) in names.iter().enumerate() {
+        let want: &[u8] = match i {
+            i if i < refused => &old[..100],
+            i if i == refused => &old[..4096],
+            i if i == refused + 1 => &old[..100],
+            _ => &old,
+        };
+        assert_eq!(fs.read_file(n).unwrap(), want, "{n}");
+    }
+    fs.unmount().unwrap();
+}
