@@ -471,6 +471,19 @@ struct Mount {
     mp: PathBuf,
 }
 
+impl Drop for Mount {
+    /// The daemon stopped, then its directory removed (its 128 MiB image was left
+    /// behind by every run).
+    fn drop(&mut self) {
+        if let Ok(None) = self.daemon.0.try_wait() {
+            let _ = self.daemon.0.kill();
+            let _ = self.daemon.0.wait();
+        }
+        detach(&self.mp);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 fn mount(name: &str) -> Mount {
     let dir = dir(&format!("shim-{name}"));
     let (img, mp) = (dir.join("i.img"), dir.join("mnt"));
@@ -699,7 +712,7 @@ fn a_mount_without_the_shim_serves_shim_clients_through_the_kernel() {
         .spawn()
         .unwrap();
     wait_for("the mount", || mounted(&mp));
-    let _d = Daemon(child, mp.clone());
+    let _m = Mount { daemon: Daemon(child, mp.clone()), dir, img, mp: mp.clone() };
     let out = run_shim("write", &[mp.join("f").to_str().unwrap()]);
     assert_eq!(value(&out, "carried"), 0);
     assert_eq!(std::fs::metadata(mp.join("f")).unwrap().len(), (2 << 20) + 4096);

@@ -182,6 +182,14 @@ fn sb_crc(b: &[u8]) -> u32 {
     crc32c::crc32c_append(c, &[0; 4])
 }
 
+/// The largest journal a superblock may declare: a mount scans the whole log into
+/// memory (every image of every transaction, to replay them), so a hostile or damaged
+/// superblock must not make it read hundreds of GiB. 4 GiB, or on a device so large
+/// that its largest single operation needs more (every block-bitmap block), that.
+pub fn max_journal_blocks(total_blocks: u64) -> u64 {
+    (1u64 << 20).max(total_blocks.div_ceil(BITS_PER_BITMAP_BLOCK) + 32)
+}
+
 impl Superblock {
     /// Lay out an image of `total_blocks` blocks with `inode_count` inodes.
     pub fn layout(
@@ -225,7 +233,10 @@ impl Superblock {
     /// Geometry invariants; a decoded superblock that breaks one is refused.
     pub fn check(&self) -> R<()> {
         let bad = |what| Err(FormatError::Invalid { what });
-        if self.journal_start != 1 || self.journal_blocks < 16 {
+        if self.journal_start != 1
+            || self.journal_blocks < 16
+            || self.journal_blocks > max_journal_blocks(self.total_blocks)
+        {
             return bad("superblock journal geometry");
         }
         if self.inode_count == 0
@@ -1033,6 +1044,21 @@ impl JournalCommit {
 
 #[cfg(test)]
 mod tests {
+
+    /// A superblock may not declare a journal larger than a mount can scan into
+    /// memory: 4 GiB, or more on a device whose largest operation needs more.
+    #[test]
+    fn the_journal_size_is_bounded() {
+        use super::*;
+        let total = 1u64 << 24;
+        assert!(Superblock::layout(total, 4096, 1 << 20, [0; 16], 0).is_ok());
+        assert!(Superblock::layout(total, 4096, (1 << 20) + 1, [0; 16], 0).is_err());
+        // 2^38 blocks (1 PiB): its bitmap is more than 2^23 blocks, and the journal may
+        // be that (and 32 more).
+        let bitmap = (1u64 << 38).div_ceil(BITS_PER_BITMAP_BLOCK);
+        assert!(bitmap > 1 << 23);
+        assert_eq!(max_journal_blocks(1 << 38), bitmap + 32);
+    }
 
     #[test]
     fn xattr_sets_round_trip_across_blocks() {

@@ -500,7 +500,9 @@ pub fn check_with_progress(dev: &dyn Device, progress: &mut dyn FnMut(u64, u64))
     for (ino, n) in &nodes {
         let is_dir = n.d.mode & f::S_IFMT == f::S_IFDIR;
         if n.d.nlink == 0 {
-            if refs.contains_key(ino) {
+            if *ino == f::ROOT_INO {
+                err(&mut r, "the root directory has link count 0 (a mount would free it as an orphan)".to_string());
+            } else if refs.contains_key(ino) {
                 err(&mut r, format!("inode {ino} has link count 0 but is named in a directory"));
             } else {
                 r.notes.push(format!("inode {ino} is an orphan (unlinked while open); the next mount frees it"));

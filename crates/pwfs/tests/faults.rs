@@ -535,6 +535,26 @@ fn crafted_fields_are_errors_not_panics() {
     let _ = fs.unmount();
     fsck_finds(&img, "extent chain loop");
 
+    // The root with no links left: never freed as an orphan. fsck reports it, and a
+    // mount refuses it, checked or not, clean or not.
+    let mut img = good.clone();
+    edit(&mut img, f::ROOT_INO, &|d| d.nlink = 0);
+    fsck_finds(&img, "root with link count 0");
+    for check in [MountCheck::Never, MountCheck::IfNotClean, MountCheck::Always] {
+        let r =
+            Fs::mount(Arc::new(MemDevice::from_vec(img.clone())), Config { check_on_mount: check, ..test_config() });
+        assert!(r.is_err(), "{check:?}: a root with link count 0 mounted");
+    }
+
+    // A directory whose link count is at the top of u32: a directory exchanged into
+    // it is EMLINK, not an overflow.
+    let mut img = good.clone();
+    edit(&mut img, dir, &|d| d.nlink = u32::MAX);
+    let fs = Fs::mount(Arc::new(MemDevice::from_vec(img.clone())), test_config()).unwrap();
+    let e = fs.rename_exchange(f::ROOT_INO, b"e", dir, b"f5").unwrap_err();
+    assert_eq!(e.errno(), libc::EMLINK, "{e}");
+    let _ = fs.unmount();
+
     // A directory that is its own parent: moving a directory into it must not loop.
     let mut img = good.clone();
     edit(&mut img, dir, &|d| d.parent = dir);

@@ -513,11 +513,14 @@ impl Meta {
         let mut node = Inode { d, ..Default::default() };
         let mut all: Vec<Extent> = node.d.extents.clone();
         let mut next = node.d.ext_block;
+        // A set beside the chain: a damaged count lets a chain run to millions of
+        // blocks, and a look through the list for each was quadratic.
+        let mut seen = std::collections::HashSet::new();
         while next != 0 {
             if node.chain.len() as u64 > node.d.n_extents as u64 / f::EXTENTS_PER_BLOCK as u64 + 1
                 || next < self.sb.data_start
                 || next >= self.sb.data_end
-                || node.chain.contains(&next)
+                || !seen.insert(next)
                 || all.len() > node.d.n_extents as usize
             {
                 return Err(Error::corrupt(format!("inode {ino}: bad extent chain")));
@@ -726,6 +729,9 @@ impl Meta {
 
     /// Release every block of an inode and its number. The caller has dropped its pages.
     pub fn free_inode(&mut self, ino: u64) -> Result<()> {
+        if ino == f::ROOT_INO {
+            return Err(Error::corrupt("the root directory is never freed"));
+        }
         // Read (and checked) before anything is freed: a corrupt attribute block stops
         // the free with nothing half done.
         let head = self.inode(ino)?.d.xattr_block;

@@ -66,7 +66,7 @@ pub fn mkfs_with_progress(
                 "a journal of {n} blocks is too small for {total} blocks: it needs at least {min_journal}"
             )))
         }
-        Some(n) => n.min(total / 4).max(16),
+        Some(n) => n.min(total / 4).min(f::max_journal_blocks(total)).max(16),
         None => (total / 64).clamp(256, 16384).max(min_journal).min(total / 4).max(16),
     };
     let mut uuid = [0u8; 16];

@@ -316,9 +316,17 @@ impl Fs {
             times: Default::default(),
             config,
         });
-        // The root must be a directory.
-        if !inner.meta.lock().inode(f::ROOT_INO)?.is_dir() {
-            return Err(Error::corrupt("root inode is not a directory"));
+        // The root must be a directory, with its links (the orphan scan would free a
+        // root without any).
+        {
+            let mut m = inner.meta.lock();
+            let root = m.inode(f::ROOT_INO)?;
+            if !root.is_dir() {
+                return Err(Error::corrupt("root inode is not a directory"));
+            }
+            if root.d.nlink < 2 {
+                return Err(Error::corrupt(format!("root directory has link count {}", root.d.nlink)));
+            }
         }
         if !inner.config.read_only {
             if mount::needs_orphan_scan(&inner.sb, &inner.config) {

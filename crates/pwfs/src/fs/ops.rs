@@ -699,6 +699,15 @@ impl Fs {
                     Self::check_not_inside(m, moved, into)?;
                 }
             }
+            // A directory moving into the other parent gives it a link (EMLINK at the
+            // limit, as rename; a damaged count near 2^32 must not wrap).
+            if sp != dp {
+                for (moved, into) in [(a_mode, dp), (b_mode, sp)] {
+                    if is_dir(moved) && m.inode(into)?.d.nlink >= LINK_MAX {
+                        return Err(Error::too_many_links(""));
+                    }
+                }
+            }
             let tx = m
                 .inode_cost(sp, 0)?
                 .plus(m.inode_cost(dp, 0)?)
