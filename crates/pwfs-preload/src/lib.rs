@@ -864,9 +864,9 @@ unsafe fn forget(fd: c_int) {
 
 /// `fd` was just opened by the program: a description of its own.
 unsafe fn opened(fd: c_int) {
-    // (Any number opened in a vfork child: an untracked one marked here would be the
-    // parent's entry.)
-    if fd >= 0 && !client::in_vfork_child() {
+    // (Asked of tracked numbers only, as for close: a getpid system call on every open
+    // of every program would cost more than the rare vfork child it catches.)
+    if fd >= 0 && !client::vfork_childs(fd) {
         shim(|| {
             client::opened(fd);
             Some(())

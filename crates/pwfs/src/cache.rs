@@ -62,10 +62,10 @@ pub struct Page {
     referenced: AtomicBool,
     /// Its key is in the cache's dirty set: set under the dirty set's lock by
     /// `mark_dirty_range`, cleared as the key leaves it while the page is the cache's
-    /// (and when its fetch fails). Never set while the key is
-    /// not listed (it may be clear while it is), so a writer that dirtied the page and
-    /// then sees it set need not list it again: whoever took the key out (write-back)
-    /// locks the page after taking it, and so sees the writer's change.
+    /// (and when its fetch fails). Never set while the key is not listed (it may be
+    /// clear while it is), so a writer that dirtied the page and then sees it set need
+    /// not list it again: whoever took the key out (write-back) locks the page after
+    /// taking it, and so sees the writer's change.
     listed: AtomicBool,
 }
 

@@ -286,8 +286,10 @@ mod tests {
                     for _ in 0..20_000 {
                         if t % 2 == 0 {
                             let mut p = lock.write();
+                            // Two stores the compiler may not merge: a reader between
+                            // them sees the pair apart unless the lock keeps it out.
                             p.0 += 1;
-                            std::hint::spin_loop();
+                            std::hint::black_box(&mut *p);
                             p.1 += 1;
                         } else {
                             let p = lock.read();
