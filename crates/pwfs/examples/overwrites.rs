@@ -1,6 +1,6 @@
 //! Profiling aid: N threads of 4 KiB (or SIZE) overwrites at random offsets of private,
 //! cached files on an image file, ops/s — row (a)/(d) of `pwfs bench scale` alone.
-//! `cargo run --release --example overwrites -- THREADS SECS IMAGE [SIZE] [FILE_MIB]`.
+//! `cargo run --release --example overwrites -- THREADS SECS IMAGE [SIZE] [FILE_MIB] [DIRTY_RATIO]`.
 use pwfs::{Config, MkfsOptions, OpenOptions};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -12,8 +12,10 @@ fn main() {
     let image = args.next().unwrap_or_else(|| "overwrites.img".into());
     let size: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(4096);
     let file: u64 = args.next().and_then(|a| a.parse::<u64>().ok()).unwrap_or(4) << 20;
+    let dirty_ratio: f64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(Config::default().dirty_ratio);
     pwfs::mkfs_image(image.as_ref(), 1 << 30, &MkfsOptions::default()).unwrap();
-    let fs = pwfs::mount_image(image.as_ref(), Config { cache_bytes: 256 << 20, ..Default::default() }).unwrap();
+    let fs = pwfs::mount_image(image.as_ref(), Config { cache_bytes: 256 << 20, dirty_ratio, ..Default::default() })
+        .unwrap();
     let files: Vec<_> = (0..threads)
         .map(|t| {
             fs.write_file(format!("/a{t}"), &vec![0x11u8; file as usize]).unwrap();
