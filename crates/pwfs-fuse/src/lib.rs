@@ -219,13 +219,22 @@ impl KernelView {
         }
         sh.inflight.insert(ino);
         drop(sh);
+        let mut missed = false;
         if let Some(n) = self.notifier.get() {
             if n.inval_inode(INodeNo(ino), 0, 0).is_err() {
                 // Not in the kernel (yet): a reply creating it may carry stale figures.
                 self.missed.fetch_add(1, Ordering::SeqCst);
+                missed = true;
             }
         }
-        self.shard(ino).inflight.remove(&ino);
+        let mut sh = self.shard(ino);
+        sh.inflight.remove(&ino);
+        if missed {
+            // The kernel may be about to make its inode from that reply: the next
+            // change must invalidate again.
+            sh.cached.insert(ino);
+        }
+        drop(sh);
         self.settled.notify_all();
     }
 }
@@ -254,7 +263,21 @@ impl PwFuse {
     fn recheck(&self, ino: u64, before: u64) {
         if self.view.active && self.missed() != before {
             if let Some(n) = self.notifier.get() {
-                let _ = n.inval_inode(INodeNo(ino), -1, 0);
+                if n.inval_inode(INodeNo(ino), -1, 0).is_err() {
+                    // The kernel makes its inode on the caller's thread once the reply
+                    // wakes it, which may be after this: again from another thread
+                    // until the kernel has it, for up to about a second (rare: only
+                    // when a shim change raced this reply).
+                    let n = n.clone();
+                    std::thread::spawn(move || {
+                        for ms in [1, 2, 5, 10, 20, 50, 100, 200, 600] {
+                            std::thread::sleep(std::time::Duration::from_millis(ms));
+                            if n.inval_inode(INodeNo(ino), -1, 0).is_ok() {
+                                return;
+                            }
+                        }
+                    });
+                }
             }
         }
     }

@@ -118,6 +118,9 @@ const NOT_OURS: u64 = 1 << 58;
 /// Being closed or replaced (close, dup2 onto it, F_SETFL): until the kernel call is
 /// done, calls on it go to the kernel and nothing registers it (`begin_change`).
 const CHANGING: u64 = 1 << 59;
+/// With NOT_OURS: a Patchwork file the shim stopped carrying (`stop_carrying`), which a
+/// vfork child must not make UNKNOWN again (`tracked`).
+const STOPPED: u64 = 1 << 57;
 const STATES: u64 = OURS | NOT_OURS | CHANGING | OPENED_HERE;
 static SEQ: AtomicU32 = AtomicU32::new(1);
 
@@ -287,7 +290,7 @@ pub fn close(o: Option<Ours>) -> Option<i32> {
 /// Carry nothing more of `fd` (a shared writable mapping of it: the kernel's pages are
 /// written back behind the shim's writes, so all its I/O goes through the kernel).
 pub fn stop_carrying(fd: i32) {
-    if let Some(was) = slot(fd).and_then(|s| replace_unless_changing(s, || NOT_OURS | fresh())) {
+    if let Some(was) = slot(fd).and_then(|s| replace_unless_changing(s, || NOT_OURS | STOPPED | fresh())) {
         release(was);
     }
 }
@@ -868,9 +871,11 @@ pub fn in_vfork_child() -> bool {
     owner != 0 && unsafe { libc::syscall(libc::SYS_getpid) } as i32 != owner
 }
 
-/// Whether the table tracks `fd` as a Patchwork file (carried, or opened here).
+/// Whether the table tracks `fd` as a Patchwork file (carried, opened here, or no
+/// longer carried because of a shared writable mapping: a vfork child's close or dup2
+/// onto it must not make the parent carry it again).
 fn tracked(fd: i32) -> bool {
-    slot(fd).is_some_and(|s| s.load(Ordering::Relaxed) & (OURS | OPENED_HERE) != 0)
+    slot(fd).is_some_and(|s| s.load(Ordering::Relaxed) & (OURS | OPENED_HERE | STOPPED) != 0)
 }
 
 /// A change of `fd` the table must not follow: the table tracks the number, and the

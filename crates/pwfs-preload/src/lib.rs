@@ -439,6 +439,21 @@ unsafe fn write_back_mapped(fd: c_int) -> Result<(), Fail> {
     Ok(())
 }
 
+/// `simple` for a change that drops or moves data (truncate, punch, zero, collapse,
+/// insert): the kernel's dirty pages of the file (another process's shared writable
+/// mapping) are written first. The invalidation after the change would otherwise
+/// write them back on top of it: old bytes in a punched hole, or a truncated file
+/// grown again to the end of a page. Best effort: their write-back errors are their
+/// writers' to see (at their msync or fsync), not this call's.
+unsafe fn simple_laundered(fd: c_int, op: Op, a: u64, b: u64, c: u64) -> Option<c_int> {
+    shim(|| {
+        let o = classify(fd)?;
+        let _ = write_back_mapped(fd);
+        finish(request(o, op, a, b, c, |_| 0, |_, _, _| ()).map(|_| 0))
+    })
+    .map(|v| v as c_int)
+}
+
 /// A size change the kernel did not make: its cached size was invalidated (if it had
 /// one), but a page fault in a mapping trusts the cached size without asking, and
 /// would raise SIGBUS past the old end. One fstat through the kernel refreshes it (a
@@ -454,7 +469,7 @@ pub unsafe extern "C" fn ftruncate64(fd: c_int, len: off_t) -> c_int {
         set_errno(libc::EINVAL);
         return -1;
     }
-    match simple(fd, Op::Truncate, len as u64, 0, 0) {
+    match simple_laundered(fd, Op::Truncate, len as u64, 0, 0) {
         Some(r) => {
             if r == 0 {
                 refresh_kernel_size(fd);
@@ -476,7 +491,12 @@ pub unsafe extern "C" fn fallocate64(fd: c_int, mode: c_int, off: off_t, len: of
         set_errno(libc::EINVAL);
         return -1;
     }
-    match simple(fd, Op::Fallocate, off as u64, len as u64, mode as u32 as u64) {
+    // Only an allocation (mode 0 or KEEP_SIZE) changes no byte.
+    let r = match mode & !libc::FALLOC_FL_KEEP_SIZE {
+        0 => simple(fd, Op::Fallocate, off as u64, len as u64, mode as u32 as u64),
+        _ => simple_laundered(fd, Op::Fallocate, off as u64, len as u64, mode as u32 as u64),
+    };
+    match r {
         Some(r) => {
             if r == 0 {
                 refresh_kernel_size(fd);

@@ -426,12 +426,14 @@ impl PageCache {
             g.failed = true;
         }
         page.cond.notify_all();
-        page.listed.store(false, Ordering::Release);
         let mut m = self.shard(page.key).map.write();
         if m.pages.get(&page.key).is_some_and(|p| std::ptr::eq(&**p, page)) {
             m.pages.remove(&page.key);
             self.pages.fetch_sub(1, Ordering::Relaxed);
         }
+        // Under the map's write lock, after the removal: no writer lists the page
+        // (`mark_dirty_range` holds the map's read lock) and sets the flag again.
+        page.listed.store(false, Ordering::Release);
     }
 
     /// Whether each page is still the cache's page for its key.

@@ -493,12 +493,21 @@ impl Fs {
         Ok(None)
     }
 
-    /// Directory `dir` lost a subdirectory (its `..` no longer links it). A damaged
-    /// image's count of 0 stays 0 instead of wrapping.
+    /// Directory `dir` lost a subdirectory (its `..` no longer links it). A live
+    /// directory keeps its own two links (its name and `.`): a damaged image's count
+    /// of 2 or less with subdirectories is not taken lower (to 0 it would be freed as
+    /// an orphan while still named, and a root at 0 no longer mounts); fsck reports it.
     fn lose_subdir(m: &mut Meta, dir: u64) -> Result<()> {
-        let mut n = m.inode(dir)?;
-        n.d.nlink = n.d.nlink.saturating_sub(1);
+        Self::drop_subdir_link(&mut m.inode(dir)?.d, dir);
         Ok(())
+    }
+
+    fn drop_subdir_link(d: &mut f::DiskInode, dir: u64) {
+        if d.nlink > 2 {
+            d.nlink -= 1;
+        } else {
+            tracing::warn!("directory {dir} lost a subdirectory with {} links: its link count is damaged", d.nlink);
+        }
     }
 
     /// Free an inode whose last name a change just removed. The change is done and
@@ -567,7 +576,7 @@ impl Fs {
                 p.d.mtime = t;
                 p.d.ctime = t;
                 if is_dir {
-                    p.d.nlink = p.d.nlink.saturating_sub(1);
+                    Self::drop_subdir_link(&mut p.d, parent);
                 }
             })?;
             if free {
@@ -1830,7 +1839,10 @@ impl Fs {
                 false => {
                     let (n, idx) = (cell.lock(), size / BLOCK);
                     let hole = n.map_data(idx).is_none() && !n.reserved.contains(&idx) && !n.converting.contains(&idx);
-                    (!hole, !hole && n.map(idx).is_some())
+                    // An unwritten (fallocated) block reads as zeros until the commit
+                    // that marks it written, which carries this truncate too: it is
+                    // zeroed in place.
+                    (!hole, !hole && n.map_data(idx).is_some())
                 }
             };
             if zeroed {
@@ -1861,8 +1873,17 @@ impl Fs {
                 // commit lock are held.)
                 if moved {
                     let mut m = self.meta();
-                    if m.available() <= FsInner::meta_reserve(&m) / 2 {
-                        return Err(Error::no_space("no free block for the cut last block of the file"));
+                    let mut commits = 0;
+                    while m.available() <= FsInner::meta_reserve(&m) / 2 {
+                        // Space freed by earlier changes comes back with their commits
+                        // (as `admit` waits for it).
+                        if commits == 3 || (m.alloc.pending_blocks() == 0 && m.to_free.is_empty()) {
+                            return Err(Error::no_space("no free block for the cut last block of the file"));
+                        }
+                        drop(m);
+                        self.inner.commit_locked()?;
+                        commits += 1;
+                        m = self.meta();
                     }
                     m.add_reserved(1);
                 }
