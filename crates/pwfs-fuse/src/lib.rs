@@ -1610,6 +1610,18 @@ pub fn mount_with(fs: Fs, mountpoint: &Path, o: &MountOptions) -> std::io::Resul
         fs.set_read_only(true).map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
     }
     let notifier = Arc::new(OnceLock::new());
+    // The kernel's copy of a page may hold bytes the engine lost (a write-through
+    // write that became a patch, whose page then could not be read): it is dropped,
+    // on another thread (the page may be locked by the request that saw the loss).
+    let told: Arc<OnceLock<fuser::Notifier>> = notifier.clone();
+    fs.on_lost_writes(move |ino, page| {
+        if let Some(n) = told.get().cloned() {
+            let at = (page * pwfs::format::BLOCK) as i64;
+            let _ = std::thread::Builder::new()
+                .name("pwfs-inval".into())
+                .spawn(move || n.inval_inode(INodeNo(ino), at, pwfs::format::BLOCK as i64));
+        }
+    });
     let view = Arc::new(KernelView::new(o.shim, notifier.clone()));
     let pw = PwFuse {
         fs: fs.clone(),

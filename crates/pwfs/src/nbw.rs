@@ -176,6 +176,9 @@ impl FsInner {
                 lost,
                 "bytes written earlier were lost: their page could not be read; the file's next fsync reports EIO"
             );
+            if let Some(tell) = self.lost_writes.get() {
+                tell(ino, page.key.1);
+            }
         }
         self.cache.fail(page);
     }

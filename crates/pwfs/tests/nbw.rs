@@ -100,6 +100,24 @@ fn a_failed_fetch_after_the_write_returned_is_reported_by_fsync() {
     assert!(fs.poisoned().is_none(), "a failed read does not poison");
 }
 
+/// A front end that caches file data (the FUSE mount's kernel page cache) is told of
+/// each page whose acknowledged writes were lost, so that it drops its copy.
+#[test]
+fn a_lost_patch_is_told_to_the_front_end_with_its_page() {
+    let (dev, fs, _) = cold_file(FetchPolicy::Lazy);
+    let told = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let t = told.clone();
+    fs.on_lost_writes(move |ino, page| t.lock().unwrap().push((ino, page)));
+    let f = OpenOptions::new().read(true).write(true).open(&fs, "/f").unwrap();
+    f.write_at(b"lost", 20_000).unwrap();
+    f.write_at(&[5u8; 4096], 8192).unwrap();
+    assert!(told.lock().unwrap().is_empty());
+    dev.set_config(SimConfig { read_fail: 1.0, ..Default::default() });
+    assert_eq!(f.sync_all().unwrap_err().errno(), libc::EIO);
+    let ino = fs.metadata("/f").unwrap().ino;
+    assert_eq!(*told.lock().unwrap(), [(ino, 20_000 / 4096)], "the patched page only");
+}
+
 #[test]
 fn a_failed_fetch_is_reported_once_by_close_or_fsync_whichever_comes_first() {
     let (dev, fs, _) = cold_file(FetchPolicy::Lazy);

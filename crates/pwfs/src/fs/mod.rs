@@ -148,10 +148,15 @@ pub(crate) struct FsInner {
     /// Files whose patches were lost to a failed fetch after their writes returned:
     /// the next fsync of the file reports EIO (then the error is consumed).
     pub(crate) fetch_errors: Mutex<std::collections::HashSet<u64>>,
+    /// Told of every page whose acknowledged writes were lost (`Fs::on_lost_writes`).
+    pub(crate) lost_writes: std::sync::OnceLock<LostWrites>,
     pub(crate) stats: FsStats,
     /// Where read misses and fsyncs spend their time (`Config::trace_io`).
     pub(crate) times: crate::aios::Times,
 }
+
+/// See `Fs::on_lost_writes`.
+pub(crate) type LostWrites = Box<dyn Fn(u64, u64) + Send + Sync>;
 
 #[derive(Debug, Default)]
 pub struct FsStats {
@@ -312,6 +317,7 @@ impl Fs {
             fetch_queue: Mutex::new(None),
             fetch_leftover: Default::default(),
             fetch_errors: Mutex::new(Default::default()),
+            lost_writes: std::sync::OnceLock::new(),
             stats: FsStats::default(),
             times: Default::default(),
             config,
@@ -449,6 +455,15 @@ impl Fs {
             Some(Err(e)) => Err(e),
             _ => Ok(()),
         }
+    }
+
+    /// Have `f(ino, page index)` called for every page whose acknowledged writes are
+    /// lost (a non-blocking write's patch whose page could not be read): a front end
+    /// whose kernel caches the file drops its copy of the page, which still shows the
+    /// written bytes. Called on the thread that saw the failure, maybe inside a
+    /// request for the file: `f` must not block. Set once; later calls are ignored.
+    pub fn on_lost_writes(&self, f: impl Fn(u64, u64) + Send + Sync + 'static) {
+        let _ = self.inner.lost_writes.set(Box::new(f));
     }
 
     /// Commit everything (sync(2)).
