@@ -987,18 +987,32 @@ impl Filesystem for PwFuse {
             (r, _) => r,
         };
         match written {
-            Ok(at) => {
-                reply.written(data.len() as u32);
+            Ok((at, n)) => {
+                reply.written(n as u32);
                 if at != offset {
                     self.drop_kernel_pages(ino);
                 }
             }
             Err(e) => {
-                reply.error(errno(e));
+                let cached = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
                 // A page the kernel wrote back from its cache (a shared mapping's
-                // stores) and the engine refused (an immutable file, no space): the
-                // kernel's copy is not the file's, and must not be read as it.
-                if write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
+                // stores) is data a program was told it wrote: the kernel keeps this
+                // errno for the file's next fsync, which returns it without asking
+                // here. On a file system turned read-only by an error that is EIO (as
+                // every fsync here answers then), not EROFS, which programs take for
+                // "cannot sync" and go on.
+                let code = match (cached, e.kind()) {
+                    (true, pwfs::ErrorKind::ReadOnly) if self.fs.poisoned().is_some() => Errno::EIO,
+                    _ => errno(e.clone()),
+                };
+                reply.error(code);
+                if cached {
+                    say!(
+                        "pwfs: inode {}: {} bytes at {offset} written back by the kernel were refused: {e}",
+                        ino.0,
+                        data.len()
+                    );
+                    // The kernel's copy is not the file's, and must not be read as it.
                     self.drop_kernel_pages(ino);
                 }
             }
@@ -1118,9 +1132,11 @@ impl Filesystem for PwFuse {
         let mut done = 0u64;
         while done < len {
             let want = ((len - done) as usize).min(buf.len());
+            // A short write (no space for more, the largest file size) ends the copy
+            // short, as a short read does.
             let step = self.fs.read(ino_in.0, offset_in + done, &mut buf[..want]).and_then(|n| {
-                self.fs.write(ino_out.0, offset_out + done, &buf[..n], false)?;
-                Ok(n)
+                let (_, w) = self.fs.write(ino_out.0, offset_out + done, &buf[..n], false)?;
+                Ok(w)
             });
             match step {
                 Ok(n) => {

@@ -140,6 +140,11 @@ unsafe fn write_at(o: Ours, iov: &[iovec], len: usize, off: u64) -> Result<(usiz
             Ok((n, at)) => {
                 done += n as usize;
                 end = at + n as u64;
+                // Short (no space for more): the cursor took `want` bytes, and the
+                // call returns what was written, as write(2) does.
+                if (n as usize) < want {
+                    break;
+                }
             }
             Err(e) if done == 0 => return Err(e),
             Err(_) => break,

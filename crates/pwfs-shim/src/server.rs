@@ -716,12 +716,12 @@ fn answer(shared: &Shared, s: &Session, ch: &Channel) -> Result<(i64, u64), i32>
             // inode lock orders the two; here the second look does).
             let _ = fs.kill_privs(ino, None, PrivChange::Write);
             shared.changed(ino);
-            let at = r.map_err(e)?;
+            let (at, n) = r.map_err(e)?;
             let sync = c | handle.sync;
             if sync & proto::WRITE_SYNC != 0 {
                 fs.fsync(ino, sync & proto::WRITE_DATASYNC != 0).map_err(e)?;
             }
-            Ok((len as i64, at))
+            Ok((n as i64, at))
         }
         Op::Fsync => fs.fsync(ino, c == 1).map(|_| (0, 0)).map_err(e),
         Op::Stat => {

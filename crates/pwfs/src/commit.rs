@@ -370,7 +370,17 @@ impl FsInner {
     /// too much of the cache is dirty (the caller waits: write throttling). At half
     /// that much dirty data, wake the write-back thread instead, so that the device
     /// writes while the caller goes on filling the cache.
-    pub fn maybe_commit(&self) -> Result<()> {
+    pub fn maybe_commit(&self) {
+        // The caller's change is made: an error here (a commit or write-back that
+        // failed) has made the file system read-only, which every later change and
+        // fsync reports; the call itself succeeded, as on Linux, where a write that
+        // reached the page cache returns its count whatever write-back meets later.
+        if let Err(e) = self.commit_if_due() {
+            tracing::debug!("commit or write-back after a change failed: {e}");
+        }
+    }
+
+    fn commit_if_due(&self) -> Result<()> {
         // A quarter of the journal: commits stay short, and the log holds several
         // before a checkpoint. (No lock is taken here: a commit in flight holds the
         // journal lock across its I/O.)

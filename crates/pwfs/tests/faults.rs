@@ -699,3 +699,42 @@ fn fsck_finds_damage_that_keeps_the_counts_right() {
     let clean = rx.recv_timeout(std::time::Duration::from_secs(60)).expect("fsck of a looping chain did not end");
     assert_eq!(clean.ok(), Some(false));
 }
+
+/// A write that runs out of space after writing some of its data returns the bytes it
+/// wrote (a short count, as write(2)), which are in the file; only a write that
+/// writes nothing fails, with ENOSPC.
+#[test]
+fn a_write_that_runs_out_of_space_part_way_is_short() {
+    const MIB: usize = 1 << 20;
+    let (dev, fs) = mem_fs(16 * MIB as u64);
+    let free = fs.statfs().blocks_available as usize * 4096;
+    let data: Vec<u8> = (0..free + 8 * MIB).map(|i| (i % 251) as u8).collect();
+    let f = pwfs::OpenOptions::new().read(true).write(true).create(true).open(&fs, "/f").unwrap();
+    let n = f.write(&data).unwrap();
+    assert!(n > 0 && n < data.len() && n.is_multiple_of(4 * MIB), "wrote {n} of {}", data.len());
+    assert_eq!(fs.metadata("/f").unwrap().size, n as u64);
+    assert_eq!(errno(f.write(&data[n..])), libc::ENOSPC, "nothing more fits");
+    assert_eq!(fs.read_file("/f").unwrap(), data[..n]);
+    drop(f);
+    fs.unmount().unwrap();
+    let fs = pwfs::Fs::mount(dev.clone(), test_config()).unwrap();
+    assert_eq!(fs.read_file("/f").unwrap(), data[..n]);
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}
+
+/// As Linux: a write that starts below the largest file size writes what fits below
+/// it; a write at or past it fails with EFBIG.
+#[test]
+fn a_write_across_the_largest_file_size_writes_what_fits() {
+    let (_dev, fs) = mem_fs(16 << 20);
+    let max = pwfs::format::MAX_FILE_SIZE;
+    let f = pwfs::OpenOptions::new().read(true).write(true).create(true).open(&fs, "/f").unwrap();
+    assert_eq!(f.write_at(&[7u8; 100], max - 10).unwrap(), 10);
+    assert_eq!(fs.metadata("/f").unwrap().size, max);
+    assert_eq!(errno(f.write_at(&[7u8; 100], max)), libc::EFBIG);
+    assert_eq!(f.write_at(&[], max).unwrap(), 0, "an empty write at the limit");
+    let mut back = [0u8; 20];
+    assert_eq!(f.read_at(&mut back, max - 20).unwrap(), 20);
+    assert_eq!(back, [[0u8; 10], [7u8; 10]].concat()[..]);
+}

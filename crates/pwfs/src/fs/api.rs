@@ -267,18 +267,19 @@ impl File {
         self.fs.read_cell(&self.cell, &self.ra, offset, buf)
     }
 
-    /// Write all of `data` at `offset` (at the end of file for O_APPEND handles).
+    /// Write `data` at `offset` (at the end of file for O_APPEND handles); returns the
+    /// bytes written: all, or fewer when an error or the largest file size stopped
+    /// the write after some (`Fs::write`).
     pub fn write_at(&self, data: &[u8], offset: u64) -> Result<usize> {
         if !self.writable {
             return Err(Error::new(ErrorKind::BadHandle, "file not open for writing"));
         }
-        self.fs.write_cell(&self.cell, offset, data, self.append)?;
-        Ok(data.len())
+        Ok(self.fs.write_cell(&self.cell, offset, data, self.append)?.1)
     }
 
-    /// pwrite(2): write all of `data` at `offset` (at the end of file for O_APPEND
-    /// handles) and return where it went.
-    pub fn pwrite(&self, data: &[u8], offset: u64) -> Result<u64> {
+    /// pwrite(2): write `data` at `offset` (at the end of file for O_APPEND handles)
+    /// and return where it went and how many bytes were written (`write_at`).
+    pub fn pwrite(&self, data: &[u8], offset: u64) -> Result<(u64, usize)> {
         if !self.writable {
             return Err(Error::new(ErrorKind::BadHandle, "file not open for writing"));
         }
@@ -299,9 +300,9 @@ impl File {
             return Err(Error::new(ErrorKind::BadHandle, "file not open for writing"));
         }
         let mut pos = self.pos.lock();
-        let at = self.fs.write_cell(&self.cell, *pos, data, self.append)?;
-        *pos = at + data.len() as u64;
-        Ok(data.len())
+        let (at, n) = self.fs.write_cell(&self.cell, *pos, data, self.append)?;
+        *pos = at + n as u64;
+        Ok(n)
     }
 
     pub fn seek(&self, to: io::SeekFrom) -> Result<u64> {

@@ -74,6 +74,7 @@ impl Fs {
             node.d.ctime = now();
         })?;
         drop(m);
-        self.inner.maybe_commit()
+        self.inner.maybe_commit();
+        Ok(())
     }
 }

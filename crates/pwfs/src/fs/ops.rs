@@ -297,7 +297,7 @@ impl Fs {
         })?;
         let md = attr(ino, &*m.inode(ino)?);
         drop(m);
-        self.inner.maybe_commit()?;
+        self.inner.maybe_commit();
         Ok(md)
     }
 
@@ -397,7 +397,7 @@ impl Fs {
         })?;
         let md = attr(ino, &*m.inode(ino)?);
         drop(m);
-        self.inner.maybe_commit()?;
+        self.inner.maybe_commit();
         Ok(md)
     }
 
@@ -471,7 +471,7 @@ impl Fs {
         })?;
         let md = attr(ino, &*m.inode(ino)?);
         drop(m);
-        self.inner.maybe_commit()?;
+        self.inner.maybe_commit();
         Ok(md)
     }
 
@@ -617,7 +617,8 @@ impl Fs {
         if let Some(cell) = gone {
             self.free_after_change(&cell);
         }
-        self.inner.maybe_commit()
+        self.inner.maybe_commit();
+        Ok(())
     }
 
     /// rename(2). `noreplace` is RENAME_NOREPLACE.
@@ -757,7 +758,8 @@ impl Fs {
             Ok(())
         })?;
         drop(m);
-        self.inner.maybe_commit()
+        self.inner.maybe_commit();
+        Ok(())
     }
 
     fn rename_inner(
@@ -883,7 +885,8 @@ impl Fs {
         if let Some(cell) = gone {
             self.free_after_change(&cell);
         }
-        self.inner.maybe_commit()
+        self.inner.maybe_commit();
+        Ok(())
     }
 
     /// Directory entries from `offset` on ("." is 0, ".." is 1). Each entry carries
@@ -1045,7 +1048,7 @@ impl Fs {
             self.inner.mutate(&mut m, |m| m.set_xattrs(ino, entries))?;
         }
         drop(m);
-        self.inner.maybe_commit()?;
+        self.inner.maybe_commit();
         Ok(md)
     }
 
@@ -1260,7 +1263,8 @@ impl Fs {
             Ok(())
         })?;
         drop(m);
-        self.inner.maybe_commit()
+        self.inner.maybe_commit();
+        Ok(())
     }
 
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
@@ -1302,7 +1306,8 @@ impl Fs {
         let Some(entries) = entries else { return Ok(()) };
         self.inner.mutate(&mut m, |m| m.set_xattrs(ino, entries))?;
         drop(m);
-        self.inner.maybe_commit()
+        self.inner.maybe_commit();
+        Ok(())
     }
 
     // ------------------------------------------------------------ file data
@@ -1467,43 +1472,62 @@ impl Fs {
     }
 
     /// Write `data` at `offset` (or at the end of file when `append`); returns the
-    /// offset written at.
-    pub fn write(&self, ino: u64, offset: u64, data: &[u8], append: bool) -> Result<u64> {
+    /// offset written at and the bytes written: all of them, or fewer when an error
+    /// (no space, a failed read of a page) or the largest file size stopped the write
+    /// after it had written some (as write(2) returns a short count; nothing written:
+    /// the error).
+    pub fn write(&self, ino: u64, offset: u64, data: &[u8], append: bool) -> Result<(u64, usize)> {
         let cell = self.inner.cell(ino)?;
         self.write_cell(&cell, offset, data, append)
     }
 
     /// `write` of a cell the caller holds. A large write goes in pieces of 4 MiB, each
     /// admitted into the journal on its own (what one piece reserves always fits).
-    pub(crate) fn write_cell(&self, cell: &InodeCell, offset: u64, data: &[u8], append: bool) -> Result<u64> {
+    pub(crate) fn write_cell(&self, cell: &InodeCell, offset: u64, data: &[u8], append: bool) -> Result<(u64, usize)> {
         const PIECE: usize = 4 << 20;
         // One hold of the file's lock for all pieces: another append must not land
         // between two of them (and be overwritten by the next).
-        let start = {
+        let written = {
             let _g = cell.io.write();
             let first = data.len().min(PIECE);
-            let start = self.write_locked(cell, offset, &data[..first], append)?;
-            let mut at = start + first as u64;
-            for piece in data[first..].chunks(PIECE) {
-                self.write_locked(cell, at, piece, false)?;
-                at += piece.len() as u64;
+            let (start, mut done) = self.write_locked(cell, offset, &data[..first], append)?;
+            if done == first {
+                for piece in data[first..].chunks(PIECE) {
+                    // An error after bytes were written ends the write short; the
+                    // next write meets it again.
+                    match self.write_locked(cell, start + done as u64, piece, false) {
+                        Ok((_, n)) if n == piece.len() => done += n,
+                        Ok((_, n)) => {
+                            done += n;
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
             }
-            start
+            (start, done)
         };
         // A commit the write made due runs after the file's lock is let go.
-        self.inner.maybe_commit()?;
-        Ok(start)
+        self.inner.maybe_commit();
+        Ok(written)
     }
 
     /// A write of at most one piece, with the file's lock (`io`, for writing) held by
     /// the caller, and without the commit it may make due (`maybe_commit`: the
     /// caller's, after the lock).
-    pub(super) fn write_locked(&self, cell: &InodeCell, offset: u64, data: &[u8], append: bool) -> Result<u64> {
+    pub(super) fn write_locked(
+        &self,
+        cell: &InodeCell,
+        offset: u64,
+        data: &[u8],
+        append: bool,
+    ) -> Result<(u64, usize)> {
         let ino = cell.ino;
         self.inner.check_writable()?;
+        // `end`: short of the data's end where the largest file size cuts it.
         let (size, offset, end, stamp) = self.begin_write(cell, offset, data.len() as u64, append)?;
-        if data.is_empty() {
-            return Ok(offset);
+        if end == offset {
+            return Ok((offset, 0));
         }
         let (first, last) = (offset / BLOCK, (end - 1) / BLOCK);
         let mut copied = 0usize;
@@ -1682,8 +1706,12 @@ impl Fs {
             }
         }
         drop(_gate);
-        result?;
-        Ok(offset)
+        match result {
+            // Bytes written before the error: a short write (write(2) reports the
+            // error only when it wrote nothing).
+            Err(e) if copied == 0 => Err(e),
+            _ => Ok((offset, copied)),
+        }
     }
 
     /// Admit a write of `len` bytes: check it, reserve space for pages that have no
@@ -1719,8 +1747,13 @@ impl Fs {
             let size = node.d.size;
             deny_write(node, offset, append)?;
             let offset = if append { size } else { offset };
-            let end = offset.checked_add(len).filter(|e| *e <= f::MAX_FILE_SIZE);
-            let end = end.ok_or_else(|| Error::file_too_big(""))?;
+            // As Linux: a write that starts below the largest file size writes what
+            // fits below it; one at or past it (with data) fails with EFBIG.
+            if offset >= f::MAX_FILE_SIZE && len > 0 {
+                return Err(Error::file_too_big(""));
+            }
+            let end = offset.saturating_add(len).min(f::MAX_FILE_SIZE);
+            let len = end - offset;
             if len == 0 {
                 return Ok((size, offset, end, Default::default()));
             }
@@ -1815,7 +1848,8 @@ impl Fs {
         drop(credit);
         r?;
         drop(_g);
-        self.inner.maybe_commit()
+        self.inner.maybe_commit();
+        Ok(())
     }
 
     /// The truncate, admitted: room in the transaction is promised to it.

@@ -116,7 +116,8 @@ impl Fs {
             }
             _ => unreachable!("check_mode let only supported modes through"),
         }
-        self.inner.maybe_commit()
+        self.inner.maybe_commit();
+        Ok(())
     }
 
     /// lseek(2) with SEEK_HOLE (`hole`) or SEEK_DATA from `offset`: the next offset
@@ -229,7 +230,7 @@ impl Fs {
                 Ok(i)
             })?;
             drop(m);
-            self.inner.maybe_commit()?;
+            self.inner.maybe_commit();
         }
         Ok(())
     }
@@ -263,7 +264,10 @@ impl Fs {
             // write reserves or converts): nothing to write, nothing to allocate (a
             // punch that allocated could fail with ENOSPC, and grew st_blocks).
             if held {
-                self.write_locked(cell, a, &vec![0u8; (b - a) as usize], false)?;
+                let (_, n) = self.write_locked(cell, a, &vec![0u8; (b - a) as usize], false)?;
+                if n as u64 != b - a {
+                    return Err(Error::io("zeroing the edge of a range failed part way"));
+                }
             }
         }
         Ok(())
