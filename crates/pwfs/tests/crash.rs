@@ -28,6 +28,15 @@ struct Model {
     interim: BTreeMap<u64, Vec<Vec<u8>>>,
 }
 
+impl Model {
+    /// A file that lost a name: its data goes with its last one.
+    fn forget_unnamed(&mut self, id: u64) {
+        if !self.names.values().any(|v| *v == id) {
+            self.data.remove(&id);
+        }
+    }
+}
+
 /// Position-encoded contents: every aligned 8 bytes of a file carry the file's id,
 /// their offset and the version of the write that put them there, so that a block
 /// read back from the wrong place (another file, another offset, a stale copy) never
@@ -115,23 +124,46 @@ fn workload(fs: &Fs, dev: &SimDevice, seed: u64, steps: usize) -> Vec<(usize, Mo
                 content.resize(size, 0);
                 interim.entry(id).or_default().push(content.clone());
             }
-            55..=64 => {
+            55..=59 => {
                 let Some(path) = pick(&mut rng, &files).cloned() else {
                     continue;
                 };
                 fs.remove_file(&path).unwrap();
                 let id = m.names.remove(&path).unwrap();
-                m.data.remove(&id);
+                m.forget_unnamed(id);
+            }
+            60..=64 => {
+                // A second name, in any directory (its data is the same file's).
+                let Some(path) = pick(&mut rng, &files).cloned() else {
+                    continue;
+                };
+                let dir = pick(&mut rng, &dirs).unwrap().clone();
+                let to = format!("{dir}/l{step}");
+                fs.hard_link(&path, &to).unwrap();
+                m.names.insert(to, m.names[&path]);
             }
             65..=74 => {
                 let Some(path) = pick(&mut rng, &files).cloned() else {
                     continue;
                 };
-                let dir = pick(&mut rng, &dirs).unwrap().clone();
-                let to = format!("{dir}/r{step}");
+                // Half the time over an existing file (the write-a-copy-then-rename
+                // idiom): the name must show the whole old or the whole new file.
+                let to = match pick(&mut rng, &files).filter(|t| **t != path && rng.gen_bool(0.5)) {
+                    Some(t) => t.clone(),
+                    None => format!("{}/r{step}", pick(&mut rng, &dirs).unwrap()),
+                };
                 fs.rename_path(&path, &to).unwrap();
-                let id = m.names.remove(&path).unwrap();
-                m.names.insert(to, id);
+                let id = m.names[&path];
+                if m.names.get(&to) == Some(&id) {
+                    // Two names of one file: rename(2) does nothing.
+                    continue;
+                }
+                m.names.remove(&path);
+                if let Some(old) = m.names.insert(to, id) {
+                    if old != id {
+                        m.forget_unnamed(old);
+                    }
+                }
             }
             75..=81 => {
                 let dir = pick(&mut rng, &dirs).unwrap().clone();

@@ -18,6 +18,10 @@ pub fn can_mount() -> bool {
     // SAFETY: plain syscall.
     let ok = unsafe { libc::geteuid() } == 0 && Path::new("/dev/fuse").exists();
     if !ok {
+        assert!(
+            std::env::var_os("PWFS_REQUIRE_FUSE").is_none(),
+            "PWFS_REQUIRE_FUSE: mount tests need root and /dev/fuse"
+        );
         eprintln!("skipping: mount tests need root and /dev/fuse");
     }
     ok

@@ -7,6 +7,10 @@ use pwfs::Fs;
 pub fn can_mount() -> bool {
     let can = pwfs_fuse::can_mount();
     if !can {
+        assert!(
+            std::env::var_os("PWFS_REQUIRE_FUSE").is_none(),
+            "PWFS_REQUIRE_FUSE: FUSE tests need root and /dev/fuse"
+        );
         eprintln!("skipping: FUSE tests need root and /dev/fuse");
     }
     can
