@@ -200,6 +200,9 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
     std::fs::create_dir_all(mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
     // Named before the mount, while the mount point resolves without us.
     let (stats_path, sock_path) = (stats_file(mountpoint), socket_file(mountpoint));
+    let result_path = result_file(mountpoint);
+    // A result left by an earlier mount here is not this one's.
+    let _ = std::fs::remove_file(&result_path);
     let check_on_mount = if o.check { pwfs::MountCheck::Always } else { pwfs::MountCheck::IfNotClean };
     let atime = o.atime.unwrap_or(false);
     let config = Config {
@@ -365,8 +368,17 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
     // Flushed even when serving ended with an error: what was acknowledged is written.
     let down = fs.is_down();
     let flushed = fs.unmount().map_err(|e| format!("flushing {} at unmount: {e}", image.display()));
-    served.map_err(|e| format!("serving {}: {e}", mountpoint.display()))?;
-    flushed?;
+    let result = served.map_err(|e| format!("serving {}: {e}", mountpoint.display())).and(flushed);
+    // For `pwfs umount`, which is not this process's parent and cannot see its exit
+    // status: written before the exit it waits for.
+    let _ = std::fs::write(
+        &result_path,
+        match &result {
+            Ok(()) => "ok\n".to_string(),
+            Err(e) => format!("failed: {e}\n"),
+        },
+    );
+    result?;
     if down {
         say(format_args!(
             "pwfs: {} unmounted after a shutdown; the image is as a power cut left it\n",
@@ -471,6 +483,7 @@ pub fn umount(mountpoint: &Path) -> Result<(), String> {
     }
     // Asked before the unmount: the serving process answers until it flushes.
     let pid = crate::control::ask(&socket_file(mountpoint), "pid").ok().and_then(|r| r.trim().parse::<i32>().ok());
+    let (result_path, log) = (result_file(mountpoint), log_file(mountpoint));
     let c = CString::new(mountpoint.as_os_str().as_bytes()).map_err(|_| "mount point contains NUL".to_string())?;
     // SAFETY: plain syscall with a valid C string.
     if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
@@ -492,6 +505,22 @@ pub fn umount(mountpoint: &Path) -> Result<(), String> {
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
+        // Its own account of the flush: a failure is this command's too (exit non-zero),
+        // as umount(8) fails when the file system cannot be written out.
+        return match std::fs::read_to_string(&result_path) {
+            Ok(r) if r.trim() == "ok" => Ok(()),
+            Ok(r) => Err(format!(
+                "{} unmounted, but {} (log: {})",
+                mountpoint.display(),
+                r.trim().trim_start_matches("failed: "),
+                log.display()
+            )),
+            Err(_) => Err(format!(
+                "{} unmounted, but its serving process {pid} exited without reporting its flush (log: {})",
+                mountpoint.display(),
+                log.display()
+            )),
+        };
     }
     Ok(())
 }
@@ -525,6 +554,12 @@ fn runtime_file(mountpoint: &Path, ext: &str) -> PathBuf {
     let canon = canonical(mountpoint);
     let name: String = canon.to_string_lossy().chars().map(|c| if c == '/' { '%' } else { c }).collect();
     Path::new(RUN_DIR).join(format!("{name}.{ext}"))
+}
+
+/// How the serving process of `mountpoint` ended ("ok", or "failed: why"), written as
+/// it exits.
+fn result_file(mountpoint: &Path) -> PathBuf {
+    runtime_file(mountpoint, "result")
 }
 
 /// Where the serving process of `mountpoint` keeps its live counters.

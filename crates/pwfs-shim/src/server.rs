@@ -723,7 +723,12 @@ fn answer(shared: &Shared, s: &Session, ch: &Channel) -> Result<(i64, u64), i32>
             }
             Ok((n as i64, at))
         }
-        Op::Fsync => fs.fsync(ino, c == 1).map(|_| (0, 0)).map_err(e),
+        Op::Fsync => match c == 1 {
+            true => f.sync_data(),
+            false => f.sync_all(),
+        }
+        .map(|_| (0, 0))
+        .map_err(e),
         Op::Stat => {
             h.set_stat(stat_of(&f.metadata().map_err(e)?));
             Ok((0, 0))
@@ -758,7 +763,7 @@ fn answer(shared: &Shared, s: &Session, ch: &Channel) -> Result<(i64, u64), i32>
         }
         Op::Close => {
             // A lost write is reported to a handle that could have made it.
-            let r = if f.is_writable() { fs.flush(ino) } else { Ok(()) };
+            let r = if f.is_writable() { f.report_lost_writes() } else { Ok(()) };
             s.handles.write().remove(id);
             r.map(|_| (0, 0)).map_err(e)
         }

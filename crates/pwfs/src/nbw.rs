@@ -169,7 +169,11 @@ impl FsInner {
         };
         if lost > 0 {
             self.settle_patches(lost);
-            self.fetch_errors.lock().insert(ino);
+            let mut errors = self.fetch_errors.lock();
+            let e = errors.entry(ino).or_default();
+            e.seq += 1;
+            e.seen = false;
+            drop(errors);
             tracing::error!(
                 ino,
                 page = page.key.1,

@@ -242,13 +242,26 @@ pub struct File {
     readable: bool,
     writable: bool,
     append: bool,
+    /// Lost writes of the file this handle reported (`Fs::fsync_reporting`).
+    lost_seen: std::sync::atomic::AtomicU64,
 }
 
 impl File {
     /// A handle on the inode `cell` (opened: its open count already taken), at
     /// position 0 with its own readahead.
     fn new(fs: &Fs, ino: u64, cell: Arc<InodeCell>, readable: bool, writable: bool, append: bool) -> File {
-        File { fs: fs.clone(), ino, cell, ra: RaState::default(), pos: Mutex::new(0), readable, writable, append }
+        let lost_seen = fs.lost_writes_sample(ino).into();
+        File {
+            fs: fs.clone(),
+            ino,
+            cell,
+            ra: RaState::default(),
+            pos: Mutex::new(0),
+            readable,
+            writable,
+            append,
+            lost_seen,
+        }
     }
 
     pub fn ino(&self) -> u64 {
@@ -344,26 +357,32 @@ impl File {
         self.fs.seek_hole_data(self.ino, offset, hole)
     }
 
-    /// fsync(2).
+    /// fsync(2). A write of the file lost after it returned (its page could not be
+    /// read) is reported once to every handle open then (EIO), as Linux does.
     pub fn sync_all(&self) -> Result<()> {
-        self.fs.fsync(self.ino, false)
+        self.fs.fsync_reporting(self.ino, false, Some(&self.lost_seen))
     }
 
-    /// fdatasync(2).
+    /// fdatasync(2), reporting as `sync_all`.
     pub fn sync_data(&self) -> Result<()> {
-        self.fs.fsync(self.ino, true)
+        self.fs.fsync_reporting(self.ino, true, Some(&self.lost_seen))
+    }
+
+    /// close(2)'s report without the close (a handle shared behind an `Arc`): a write
+    /// of the file lost after it returned and not reported by this handle yet.
+    pub fn report_lost_writes(&self) -> Result<()> {
+        self.fs.flush_reporting(self.ino, Some(&self.lost_seen))
     }
 
     /// close(2): like dropping the handle, but reports a write to this file that
     /// was lost after it returned (its page could not be read). Does not wait for
     /// I/O; use `sync_all` for durability.
     pub fn close(self) -> Result<()> {
-        // Only a handle that could have written takes the report of a lost write (a
-        // reader's close consumed it, and the writer's fsync then said nothing).
+        // Only a handle that could have written reports a lost write at close.
         if !self.is_writable() {
             return Ok(());
         }
-        self.fs.flush(self.ino)
+        self.fs.flush_reporting(self.ino, Some(&self.lost_seen))
         // Drop releases the handle.
     }
 }

@@ -147,16 +147,27 @@ pub(crate) struct FsInner {
     pub(crate) fetch_leftover: crate::nbw::Leftover,
     /// Files whose patches were lost to a failed fetch after their writes returned:
     /// the next fsync of the file reports EIO (then the error is consumed).
-    pub(crate) fetch_errors: Mutex<std::collections::HashSet<u64>>,
+    pub(crate) fetch_errors: Mutex<std::collections::HashMap<u64, LostWrites>>,
     /// Told of every page whose acknowledged writes were lost (`Fs::on_lost_writes`).
-    pub(crate) lost_writes: std::sync::OnceLock<LostWrites>,
+    pub(crate) lost_writes: std::sync::OnceLock<LostWritesHook>,
     pub(crate) stats: FsStats,
     /// Where read misses and fsyncs spend their time (`Config::trace_io`).
     pub(crate) times: crate::aios::Times,
 }
 
 /// See `Fs::on_lost_writes`.
-pub(crate) type LostWrites = Box<dyn Fn(u64, u64) + Send + Sync>;
+pub(crate) type LostWritesHook = Box<dyn Fn(u64, u64) + Send + Sync>;
+
+/// Writes of a file lost after they returned, as Linux's errseq_t keeps write-back
+/// errors: `seq` counts the losses, and each handle remembers the count it last
+/// reported (`File::lost_seen`), so that every handle open when a loss happens reports
+/// it once at its next fsync (or close), and so does a handle opened after it while
+/// no one has reported it yet (`seen`).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct LostWrites {
+    pub seq: u64,
+    pub seen: bool,
+}
 
 #[derive(Debug, Default)]
 pub struct FsStats {

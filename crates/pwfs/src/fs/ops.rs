@@ -16,6 +16,7 @@ use crate::config::Stack;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::{self as f, BLOCK, BLOCK_SIZE};
 use crate::readahead::RaState;
+use std::sync::atomic::AtomicU64;
 
 /// An inode's extended attributes, (name, value) in name order.
 type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
@@ -1975,10 +1976,16 @@ impl Fs {
     /// the data in place and flushes: times need not be durable (POSIX), so a durable
     /// overwrite costs one data write and one flush, with no journal I/O.
     pub fn fsync(&self, ino: u64, datasync: bool) -> Result<()> {
+        self.fsync_reporting(ino, datasync, None)
+    }
+
+    /// `fsync` for a handle that remembers the losses it reported (`since`): each
+    /// handle reports a lost write once (errseq), not only the first to ask.
+    pub(crate) fn fsync_reporting(&self, ino: u64, datasync: bool, since: Option<&AtomicU64>) -> Result<()> {
         let trace = Trace::begin(self.inner.config.trace_io);
         let r = self.fsync_inner(ino, datasync);
         trace.end(&self.inner.times.fsyncs);
-        self.take_fetch_error(ino)?;
+        self.report_lost_writes(ino, since)?;
         self.inner.sync_result(r)
     }
 
@@ -1986,18 +1993,44 @@ impl Fs {
     /// that is already known. It does not wait for fetches still in flight (close
     /// never waits for I/O); a loss found later is kept for the next fsync or close.
     pub fn flush(&self, ino: u64) -> Result<()> {
+        self.flush_reporting(ino, None)
+    }
+
+    /// `flush` for a handle that remembers the losses it reported (`fsync_reporting`).
+    pub(crate) fn flush_reporting(&self, ino: u64, since: Option<&AtomicU64>) -> Result<()> {
         self.inner.check_up()?;
-        self.take_fetch_error(ino)
+        self.report_lost_writes(ino, since)
+    }
+
+    /// What a new handle of `ino` has reported of its lost writes: all of them if they
+    /// were reported before, none if one was not (a handle opened after an unreported
+    /// loss reports it, as Linux does since 4.16).
+    pub(crate) fn lost_writes_sample(&self, ino: u64) -> u64 {
+        match self.inner.fetch_errors.lock().get(&ino) {
+            Some(e) if e.seen => e.seq,
+            _ => 0,
+        }
     }
 
     /// Writes that returned before their page could be read, and whose read then
-    /// failed, are reported by the next fsync or close of the file, once
-    /// (errseq-style), never dropped.
-    fn take_fetch_error(&self, ino: u64) -> Result<()> {
-        if self.inner.fetch_errors.lock().remove(&ino) {
-            return Err(Error::io("data written earlier was lost: reading its page failed"));
+    /// failed, are reported (EIO) by the next fsync or close of each handle open then
+    /// (`since`: the count of losses the handle reported, advanced here), errseq-style,
+    /// never dropped. A caller without a handle (`Fs::fsync` by number, a FUSE mount
+    /// that sees no opens) reports a loss no one has reported yet.
+    fn report_lost_writes(&self, ino: u64, since: Option<&AtomicU64>) -> Result<()> {
+        let mut errors = self.inner.fetch_errors.lock();
+        let Some(e) = errors.get_mut(&ino) else {
+            return Ok(());
+        };
+        let new = match since {
+            Some(s) => s.swap(e.seq, std::sync::atomic::Ordering::Relaxed) != e.seq,
+            None => !e.seen,
+        };
+        if !new {
+            return Ok(());
         }
-        Ok(())
+        e.seen = true;
+        Err(Error::io("data written earlier was lost: reading its page failed"))
     }
 
     fn fsync_inner(&self, ino: u64, datasync: bool) -> Result<()> {
