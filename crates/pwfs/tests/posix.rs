@@ -733,3 +733,26 @@ fn o_creat_through_a_dangling_symlink_creates_its_target() {
     fs.unmount().unwrap();
     fsck_clean(&*dev);
 }
+
+/// Path limits as Linux: a path of PATH_MAX (4096) bytes or more is ENAMETOOLONG; a
+/// symlink target of up to 4095 bytes is kept whole (in a block of its own past the
+/// inline size) and reads back after a remount, one of 4096 is ENAMETOOLONG.
+#[test]
+fn path_and_symlink_target_limits() {
+    let (dev, fs) = mem_fs(16 << 20);
+    let deep = format!("/{}", ["d"; 2048].join("/"));
+    assert_eq!(deep.len(), 4096);
+    assert_eq!(errno(fs.metadata(&deep)), libc::ENAMETOOLONG);
+    assert_eq!(errno(fs.create(&deep)), libc::ENAMETOOLONG);
+    let target: Vec<u8> = (0..4095).map(|i| b'a' + (i % 26) as u8).collect();
+    fs.symlink_path(&target, "/long").unwrap();
+    assert_eq!(errno(fs.symlink_path(vec![b'x'; 4096], "/toolong")), libc::ENAMETOOLONG);
+    assert_eq!(errno(fs.symlink_metadata("/toolong")), libc::ENOENT);
+    assert_eq!(fs.read_link("/long").unwrap(), target);
+    assert_eq!(fs.symlink_metadata("/long").unwrap().size, 4095);
+    fs.unmount().unwrap();
+    let fs = pwfs::Fs::mount(dev.clone(), test_config()).unwrap();
+    assert_eq!(fs.read_link("/long").unwrap(), target);
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}
