@@ -676,3 +676,53 @@ fn metadata_changed_before_an_fsync_survives_a_crash() {
         }
     }
 }
+
+/// A file unlinked while open is an orphan: a crash while it is still open leaves it to
+/// the next mount, which frees it (its inode and every block), at every crash point:
+/// before the unlink's commit the file is there whole, after it the space is exactly
+/// what it was before the file was made.
+#[test]
+fn an_open_unlinked_file_is_freed_by_the_mount_after_a_crash() {
+    for seed in 0..3u64 {
+        let image = formatted_image(8 * MIB, &MkfsOptions::default());
+        let dev = Arc::new(SimDevice::new(image, SimConfig { seed, ..Default::default() }));
+        let fs = Fs::mount(dev.clone(), test_config()).unwrap();
+        fs.write_file("/keep", &encoded(1, 0, 5000, 1)).unwrap();
+        fs.sync().unwrap();
+        let before = fs.statfs();
+        let old = encoded(2, 0, 100_000, 1);
+        fs.write_file("/o", &old).unwrap();
+        fs.sync().unwrap();
+        let base = dev.start_recording();
+        let f = pwfs::OpenOptions::new().read(true).write(true).open(&fs, "/o").unwrap();
+        f.write_at(&encoded(2, 100_000, 50_000, 2), 100_000).unwrap();
+        fs.remove_file("/o").unwrap();
+        fs.sync().unwrap();
+        let log = dev.log();
+        assert!(fs.metadata("/o").is_err());
+        for k in 0..=log.len() {
+            let img = crash_image(&base, &log, k, seed * 1000 + k as u64);
+            let dev = Arc::new(MemDevice::from_vec(img));
+            let (fs, report) = Fs::mount_report(dev.clone(), test_config()).expect("a crash image must mount");
+            match fs.read_file("/o") {
+                Ok(got) => assert_eq!(got, old, "seed {seed} point {k}: the file before its unlink committed"),
+                Err(_) => {
+                    let now = fs.statfs();
+                    assert_eq!(
+                        (now.blocks_free, now.inodes_free),
+                        (before.blocks_free, before.inodes_free),
+                        "seed {seed} point {k}: the orphan's space came back ({report:?})"
+                    );
+                }
+            }
+            if k == log.len() {
+                assert!(fs.read_file("/o").is_err(), "the synced unlink");
+                assert_eq!(report.orphans_freed, 1, "the open file was an orphan");
+            }
+            assert_eq!(fs.read_file("/keep").unwrap(), encoded(1, 0, 5000, 1));
+            fs.unmount().unwrap();
+            fsck_clean(&*dev);
+        }
+        drop(f);
+    }
+}

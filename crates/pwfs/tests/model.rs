@@ -449,6 +449,11 @@ fn check_sequence_on(
         prop_assert_eq!(&got, &want, "op {} {:?}", i, op);
         prop_assert_eq!(fs.poisoned(), None, "op {} {:?}", i, op);
     }
+    // The live tree (names from the in-memory index, data from the cache) is the
+    // model's, and again read cold.
+    compare_tree(&fs, &model, "", 1)?;
+    fs.evict_cache().unwrap();
+    compare_tree(&fs, &model, "", 1)?;
     fs.unmount().unwrap();
     fsck_clean(&*dev);
     // Nothing acknowledged is lost: after a remount every node is the model's.
