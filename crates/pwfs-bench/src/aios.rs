@@ -721,7 +721,7 @@ fn prepare(b: &mut Bench, reads: bool, fsync: bool, progress: &mut dyn FnMut(&st
         progress("writing the pwfs file");
         let f = OpenOptions::new().write(true).create(true).truncate(true).open(&fs, DATA).map_err(err("create"))?;
         for i in 0..b.file_bytes / MIB {
-            f.write_at(&chunk, i * MIB).map_err(err("write"))?;
+            f.write_all_at(&chunk, i * MIB).map_err(err("write"))?;
         }
         f.sync_all().map_err(err("fsync"))?;
     }

@@ -86,7 +86,7 @@ impl Target {
                 let f = OpenOptions::new().write(true).create(true).truncate(true).open(fs, PWFS_FILE);
                 let f = f.map_err(err("create"))?;
                 for i in 0..s.chunks() {
-                    f.write_at(&data, i * s.chunk as u64).map_err(err("write"))?;
+                    f.write_all_at(&data, i * s.chunk as u64).map_err(err("write"))?;
                 }
                 f.sync_all().map_err(err("fsync"))?;
                 Ok(s.mbps(t))
@@ -196,7 +196,7 @@ impl Handle {
         let t = Instant::now();
         match self {
             Handle::Pwfs(f) => {
-                f.write_at(page, p * PAGE).map_err(err("write"))?;
+                f.write_all_at(page, p * PAGE).map_err(err("write"))?;
                 f.sync_data().map_err(err("fdatasync"))?;
             }
             Handle::Kernel(f) => {

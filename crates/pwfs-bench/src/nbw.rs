@@ -38,7 +38,7 @@ enum Target<'a> {
 impl Target<'_> {
     fn write(&self, buf: &[u8], off: u64) -> R<()> {
         match self {
-            Target::Pwfs(f) => f.write_at(buf, off).map(|_| ()).map_err(err("write")),
+            Target::Pwfs(f) => f.write_all_at(buf, off).map_err(err("write")),
             Target::Kernel(f) => {
                 use std::os::unix::fs::FileExt;
                 f.file.write_all_at(buf, off).map_err(err("pwrite"))

@@ -159,7 +159,7 @@ impl Handle {
 
     fn write(&self, data: &[u8], off: u64) -> R<()> {
         match self {
-            Handle::Pwfs(_, Some(f), _) => f.write_at(data, off).map(|_| ()).map_err(err("write")),
+            Handle::Pwfs(_, Some(f), _) => f.write_all_at(data, off).map_err(err("write")),
             Handle::Ext4(_, Some(f)) => f.write_all_at(data, off).map_err(err("pwrite")),
             _ => Err("no file".into()),
         }

@@ -249,8 +249,10 @@ ssize_t pwfs_read(struct pwfs_file *file,
                   int *err);
 
 /*
- write(2) at the file position (at the end with O_APPEND), advancing it. Writes all
- of `buf` or fails: returns `len`, or -1 with `*err` set.
+ write(2) at the file position (at the end with O_APPEND), advancing it past what it
+ wrote. Returns the bytes written — `len`, or fewer, as write(2), when it ran out of
+ space, met a read error or reached the largest file size after writing some (call
+ again for the rest to get the error) — or -1 with `*err` set when it wrote nothing.
  */
 ssize_t pwfs_write(struct pwfs_file *file,
                    const void *buf,
@@ -267,8 +269,9 @@ ssize_t pwfs_pread(struct pwfs_file *file,
                    int *err);
 
 /*
- pwrite(2): write all of `buf` at `offset` (at the end with O_APPEND, as Linux
- does); the file position does not move. Returns `len`, or -1 with `*err` set.
+ pwrite(2): write `buf` at `offset` (at the end with O_APPEND, as Linux does); the
+ file position does not move. Returns the bytes written, short as `pwfs_write`'s
+ can be, or -1 with `*err` set.
  */
 ssize_t pwfs_pwrite(struct pwfs_file *file,
                     const void *buf,

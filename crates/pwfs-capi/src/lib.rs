@@ -713,8 +713,10 @@ pub unsafe extern "C" fn pwfs_read(file: *mut pwfs_file, buf: *mut c_void, len: 
     })
 }
 
-/// write(2) at the file position (at the end with O_APPEND), advancing it. Writes all
-/// of `buf` or fails: returns `len`, or -1 with `*err` set.
+/// write(2) at the file position (at the end with O_APPEND), advancing it past what it
+/// wrote. Returns the bytes written — `len`, or fewer, as write(2), when it ran out of
+/// space, met a read error or reached the largest file size after writing some (call
+/// again for the rest to get the error) — or -1 with `*err` set when it wrote nothing.
 #[no_mangle]
 pub unsafe extern "C" fn pwfs_write(file: *mut pwfs_file, buf: *const c_void, len: size_t, err: *mut c_int) -> ssize_t {
     call(err, -1, || {
@@ -740,8 +742,9 @@ pub unsafe extern "C" fn pwfs_pread(
     })
 }
 
-/// pwrite(2): write all of `buf` at `offset` (at the end with O_APPEND, as Linux
-/// does); the file position does not move. Returns `len`, or -1 with `*err` set.
+/// pwrite(2): write `buf` at `offset` (at the end with O_APPEND, as Linux does); the
+/// file position does not move. Returns the bytes written, short as `pwfs_write`'s
+/// can be, or -1 with `*err` set.
 #[no_mangle]
 pub unsafe extern "C" fn pwfs_pwrite(
     file: *mut pwfs_file,

@@ -26,7 +26,7 @@ impl Server {
     /// before starting threads that create files: it sets the umask for a moment.
     pub fn start(path: PathBuf, fs: Fs) -> std::io::Result<Server> {
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
+            crate::mount::runtime_dir(dir)?;
         }
         match std::fs::remove_file(&path) {
             Err(e) if e.kind() != ErrorKind::NotFound => return Err(e),

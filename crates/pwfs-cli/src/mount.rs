@@ -36,8 +36,14 @@ fn block_signals() -> libc::sigset_t {
 fn log_to_file(mountpoint: &Path) {
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::OpenOptionsExt;
-    let _ = std::fs::create_dir_all(RUN_DIR);
-    let log = std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(log_file(mountpoint));
+    let log = runtime_dir(Path::new(RUN_DIR)).and_then(|()| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(log_file(mountpoint))
+    });
     // Without a log (no /run/pwfs for this user), /dev/null: the caller's stderr must
     // not stay open in the daemon (a `$(pwfs mount --daemon ...)` would wait for ever).
     let fd = match &log {
@@ -171,7 +177,9 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
         }
         // Claimed with O_EXCL: another mount making the same image at once (the
         // default one) finds it there and does not format over it, nor remove it.
-        match std::fs::OpenOptions::new().write(true).create_new(true).open(&full) {
+        // Owner-only: the image holds every file, whatever their modes say.
+        use std::os::unix::fs::OpenOptionsExt;
+        match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&full) {
             Ok(f) => {
                 use std::os::unix::fs::MetadataExt;
                 let m = f.metadata().map_err(|e| format!("{}: {e}", full.display()))?;
@@ -311,9 +319,10 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
     let stats_thread = std::thread::spawn(move || {
         while !stop2.load(std::sync::atomic::Ordering::Acquire) {
             if let Some(dir) = path2.parent() {
-                let _ = std::fs::create_dir_all(dir);
+                if runtime_dir(dir).is_ok() {
+                    let _ = write_runtime(&path2, render_stats(&fs2).as_bytes());
+                }
             }
-            let _ = std::fs::write(&path2, render_stats(&fs2));
             std::thread::park_timeout(std::time::Duration::from_secs(1));
         }
     });
@@ -371,12 +380,13 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
     let result = served.map_err(|e| format!("serving {}: {e}", mountpoint.display())).and(flushed);
     // For `pwfs umount`, which is not this process's parent and cannot see its exit
     // status: written before the exit it waits for.
-    let _ = std::fs::write(
+    let _ = write_runtime(
         &result_path,
         match &result {
             Ok(()) => "ok\n".to_string(),
             Err(e) => format!("failed: {e}\n"),
-        },
+        }
+        .as_bytes(),
     );
     result?;
     if down {
@@ -484,9 +494,11 @@ pub fn umount(mountpoint: &Path) -> Result<(), String> {
     // Asked before the unmount: the serving process answers until it flushes.
     let pid = crate::control::ask(&socket_file(mountpoint), "pid").ok().and_then(|r| r.trim().parse::<i32>().ok());
     let (result_path, log) = (result_file(mountpoint), log_file(mountpoint));
-    let c = CString::new(mountpoint.as_os_str().as_bytes()).map_err(|_| "mount point contains NUL".to_string())?;
+    // The path checked above, not followed again (a symlink changed in between would
+    // have this unmount another file system; fusermount3 does the same).
+    let c = CString::new(at.as_os_str().as_bytes()).map_err(|_| "mount point contains NUL".to_string())?;
     // SAFETY: plain syscall with a valid C string.
-    if unsafe { libc::umount2(c.as_ptr(), 0) } != 0 {
+    if unsafe { libc::umount2(c.as_ptr(), libc::UMOUNT_NOFOLLOW) } != 0 {
         let e = std::io::Error::last_os_error();
         let fallback = e.raw_os_error() == Some(libc::EPERM)
             && std::process::Command::new("fusermount3").arg("-u").arg(mountpoint).status().is_ok_and(|s| s.success());
@@ -507,7 +519,9 @@ pub fn umount(mountpoint: &Path) -> Result<(), String> {
         }
         // Its own account of the flush: a failure is this command's too (exit non-zero),
         // as umount(8) fails when the file system cannot be written out.
-        return match std::fs::read_to_string(&result_path) {
+        let result = std::fs::read_to_string(&result_path);
+        let _ = std::fs::remove_file(&result_path);
+        return match result {
             Ok(r) if r.trim() == "ok" => Ok(()),
             Ok(r) => Err(format!(
                 "{} unmounted, but {} (log: {})",
@@ -515,11 +529,15 @@ pub fn umount(mountpoint: &Path) -> Result<(), String> {
                 r.trim().trim_start_matches("failed: "),
                 log.display()
             )),
-            Err(_) => Err(format!(
-                "{} unmounted, but its serving process {pid} exited without reporting its flush (log: {})",
-                mountpoint.display(),
-                log.display()
-            )),
+            // Killed, or a build from before the result file: not known to have failed.
+            Err(_) => {
+                eprintln!(
+                    "pwfs: {} unmounted; its serving process {pid} left no account of its last flush (log: {})",
+                    mountpoint.display(),
+                    log.display()
+                );
+                Ok(())
+            }
         };
     }
     Ok(())
@@ -536,6 +554,39 @@ fn process_alive(pid: i32) -> bool {
 
 /// Where serving processes keep their live counters and control sockets.
 pub const RUN_DIR: &str = "/run/pwfs";
+
+/// A directory for runtime files (sockets, logs, counters), made 0755 if missing, and
+/// refused if another user owns it or others may write in it: a symlink planted there
+/// would have the daemon write, as root, wherever it points.
+pub(crate) fn runtime_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    std::fs::DirBuilder::new().mode(0o755).recursive(true).create(dir)?;
+    let m = std::fs::symlink_metadata(dir)?;
+    // SAFETY: plain syscall.
+    let euid = unsafe { libc::geteuid() };
+    if !m.is_dir() || m.uid() != euid || m.mode() & 0o022 != 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("{}: not a directory of this user's that only it may write in", dir.display()),
+        ));
+    }
+    Ok(())
+}
+
+/// Write a runtime file whole (readable by all, written by its owner), never through a
+/// symlink.
+fn write_runtime(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    f.write_all(data)
+}
 
 /// The full path of a mount point, also of a mount whose serving process was killed
 /// (it does not resolve, ENOTCONN; its parent does).

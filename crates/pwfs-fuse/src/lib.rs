@@ -44,7 +44,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -172,6 +172,10 @@ struct Shard {
     cached: std::collections::HashSet<u64>,
     /// Inodes being invalidated now.
     inflight: std::collections::HashSet<u64>,
+    /// Inodes marked again after an invalidation found none (`changed`): once only, so
+    /// that an inode the kernel never made (an interrupted lookup) or has dropped
+    /// does not stay marked for ever.
+    remarked: std::collections::HashSet<u64>,
 }
 
 impl KernelView {
@@ -229,10 +233,12 @@ impl KernelView {
         }
         let mut sh = self.shard(ino);
         sh.inflight.remove(&ino);
-        if missed {
-            // The kernel may be about to make its inode from that reply: the next
-            // change must invalidate again.
+        // The kernel may be about to make its inode from that reply: the next change
+        // must invalidate again (once).
+        if missed && sh.remarked.insert(ino) {
             sh.cached.insert(ino);
+        } else {
+            sh.remarked.remove(&ino);
         }
         drop(sh);
         self.settled.notify_all();
@@ -268,14 +274,21 @@ impl PwFuse {
                     // wakes it, which may be after this: again from another thread
                     // until the kernel has it, for up to about a second (rare: only
                     // when a shim change raced this reply).
+                    // At most a few at once (each waits up to a second).
+                    static RETRYING: AtomicUsize = AtomicUsize::new(0);
+                    if RETRYING.fetch_add(1, Ordering::AcqRel) >= 8 {
+                        RETRYING.fetch_sub(1, Ordering::AcqRel);
+                        return;
+                    }
                     let n = n.clone();
                     std::thread::spawn(move || {
                         for ms in [1, 2, 5, 10, 20, 50, 100, 200, 600] {
                             std::thread::sleep(std::time::Duration::from_millis(ms));
                             if n.inval_inode(INodeNo(ino), -1, 0).is_ok() {
-                                return;
+                                break;
                             }
                         }
+                        RETRYING.fetch_sub(1, Ordering::AcqRel);
                     });
                 }
             }
@@ -981,7 +994,20 @@ impl Filesystem for PwFuse {
             (false, true) => Some(true),
             _ => None,
         };
-        let written = self.fs.write(ino.0, offset, data, append);
+        let mut written = self.fs.write(ino.0, offset, data, append);
+        // A page the kernel writes back from its cache is acknowledged data: the kernel
+        // keeps only an error for it (a short count would leave the rest marked clean
+        // and unreported). The rest is tried again, for its error.
+        if let (true, Ok((at, n))) = (write_flags.contains(WriteFlags::FUSE_WRITE_CACHE), &written) {
+            let (at, n) = (*at, *n);
+            if n < data.len() {
+                written = match self.fs.write(ino.0, at + n as u64, &data[n..], false) {
+                    Ok((_, m)) if n + m == data.len() => Ok((at, data.len())),
+                    Ok(_) => Err(pwfs::Error::io("a page written back by the kernel was written short")),
+                    Err(e) => Err(e),
+                };
+            }
+        }
         let written = match (written, sync) {
             (Ok(at), Some(datasync)) => self.fs.fsync(ino.0, datasync).map(|()| at),
             (r, _) => r,
@@ -1629,14 +1655,21 @@ pub fn mount_with(fs: Fs, mountpoint: &Path, o: &MountOptions) -> std::io::Resul
     // The kernel's copy of a page may hold bytes the engine lost (a write-through
     // write that became a patch, whose page then could not be read): it is dropped,
     // on another thread (the page may be locked by the request that saw the loss).
+    // One thread for them all (a failing device can lose many pages): it ends when the
+    // engine drops the hook.
     let told: Arc<OnceLock<fuser::Notifier>> = notifier.clone();
-    fs.on_lost_writes(move |ino, page| {
-        if let Some(n) = told.get().cloned() {
-            let at = (page * pwfs::format::BLOCK) as i64;
-            let _ = std::thread::Builder::new()
-                .name("pwfs-inval".into())
-                .spawn(move || n.inval_inode(INodeNo(ino), at, pwfs::format::BLOCK as i64));
+    let (lost, pages) = std::sync::mpsc::channel::<(u64, u64)>();
+    std::thread::Builder::new().name("pwfs-lost".into()).spawn(move || {
+        for (ino, page) in pages {
+            if let Some(n) = told.get() {
+                let at = (page * pwfs::format::BLOCK) as i64;
+                let _ = n.inval_inode(INodeNo(ino), at, pwfs::format::BLOCK as i64);
+            }
         }
+    })?;
+    let lost = std::sync::Mutex::new(lost);
+    fs.on_lost_writes(move |ino, page| {
+        let _ = lost.lock().unwrap_or_else(|e| e.into_inner()).send((ino, page));
     });
     let view = Arc::new(KernelView::new(o.shim, notifier.clone()));
     let pw = PwFuse {

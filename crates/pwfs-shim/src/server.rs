@@ -719,7 +719,11 @@ fn answer(shared: &Shared, s: &Session, ch: &Channel) -> Result<(i64, u64), i32>
             let (at, n) = r.map_err(e)?;
             let sync = c | handle.sync;
             if sync & proto::WRITE_SYNC != 0 {
-                fs.fsync(ino, sync & proto::WRITE_DATASYNC != 0).map_err(e)?;
+                match sync & proto::WRITE_DATASYNC != 0 {
+                    true => f.sync_data(),
+                    false => f.sync_all(),
+                }
+                .map_err(e)?;
             }
             Ok((n as i64, at))
         }

@@ -38,7 +38,7 @@ fn main() {
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;
-                    f.write_at(&buf, (x % (file / size)) * size).unwrap();
+                    f.write_all_at(&buf, (x % (file / size)) * size).unwrap();
                     i += 1;
                 }
                 total.fetch_add(i, Ordering::Relaxed);

@@ -97,16 +97,19 @@ pub fn mkfs_image_with_progress(
     opts: &MkfsOptions,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<format::Superblock> {
+    use std::os::unix::fs::OpenOptionsExt;
     use std::os::unix::io::AsRawFd;
     let size = size - size % format::BLOCK;
     if size < 64 * format::BLOCK {
         return Err(Error::invalid(format!("an image needs at least 256 KiB, not {size} bytes")));
     }
+    // A new image is its owner's only: it holds every file, whatever their modes say.
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
+        .mode(0o600)
         .open(path)
         .map_err(|e| Error::io(format!("cannot create {}: {e}", path.display())))?;
     let meta = file.metadata().map_err(|e| Error::io(e.to_string()))?;

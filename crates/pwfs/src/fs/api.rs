@@ -290,6 +290,21 @@ impl File {
         Ok(self.fs.write_cell(&self.cell, offset, data, self.append)?.1)
     }
 
+    /// Write all of `data` at `offset` (at the end of file for O_APPEND handles), or
+    /// fail: a short write is followed by another of the rest, which writes it or
+    /// returns the error that stopped the first.
+    pub fn write_all_at(&self, data: &[u8], offset: u64) -> Result<()> {
+        let mut done = 0;
+        while done < data.len() {
+            let (_, n) = self.pwrite(&data[done..], offset + done as u64)?;
+            if n == 0 {
+                return Err(Error::io("a write made no progress"));
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
     /// pwrite(2): write `data` at `offset` (at the end of file for O_APPEND handles)
     /// and return where it went and how many bytes were written (`write_at`).
     pub fn pwrite(&self, data: &[u8], offset: u64) -> Result<(u64, usize)> {
@@ -798,9 +813,7 @@ impl Fs {
     }
 
     pub fn write_file(&self, path: impl AsRef<[u8]>, data: &[u8]) -> Result<()> {
-        let f = self.create(path)?;
-        f.write_at(data, 0)?;
-        Ok(())
+        self.create(path)?.write_all_at(data, 0)
     }
 
     pub fn read_file(&self, path: impl AsRef<[u8]>) -> Result<Vec<u8>> {

@@ -146,7 +146,7 @@ pub(crate) struct FsInner {
     /// Fetches the fetcher thread left to `shutdown` (the file system was being dropped).
     pub(crate) fetch_leftover: crate::nbw::Leftover,
     /// Files whose patches were lost to a failed fetch after their writes returned:
-    /// the next fsync of the file reports EIO (then the error is consumed).
+    /// each handle's next fsync (or close) reports EIO once (`LostWrites`).
     pub(crate) fetch_errors: Mutex<std::collections::HashMap<u64, LostWrites>>,
     /// Told of every page whose acknowledged writes were lost (`Fs::on_lost_writes`).
     pub(crate) lost_writes: std::sync::OnceLock<LostWritesHook>,
