@@ -98,6 +98,11 @@ fn answer(stream: UnixStream, fs: &RwLock<Option<Fs>>) {
 /// socket; ConnectionRefused: a stale socket whose process is gone.
 pub fn ask(path: &Path, request: &str) -> std::io::Result<String> {
     let mut s = UnixStream::connect(path)?;
+    // A question the serving process answers from memory is not waited for past ten
+    // seconds (a stuck or foreign listener must not hang `pwfs umount` or `pwfs stat`);
+    // a sync or a change to read-only takes as long as its commit takes.
+    let quick = matches!(request, "pid" | "stat");
+    s.set_read_timeout(quick.then(|| std::time::Duration::from_secs(10)))?;
     s.write_all(format!("{request}\n").as_bytes())?;
     s.shutdown(std::net::Shutdown::Write)?;
     let mut reply = String::new();

@@ -170,6 +170,7 @@ impl FsInner {
         if lost > 0 {
             self.settle_patches(lost);
             let mut errors = self.fetch_errors.lock();
+            self.any_lost.store(true, std::sync::atomic::Ordering::Release);
             let e = errors.entry(ino).or_default();
             e.seq += 1;
             e.seen = false;

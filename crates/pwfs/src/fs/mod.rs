@@ -148,6 +148,9 @@ pub(crate) struct FsInner {
     /// Files whose patches were lost to a failed fetch after their writes returned:
     /// each handle's next fsync (or close) reports EIO once (`LostWrites`).
     pub(crate) fetch_errors: Mutex<std::collections::HashMap<u64, LostWrites>>,
+    /// Whether `fetch_errors` ever held anything: opens, closes and fsyncs skip its
+    /// lock while it has not (the usual case).
+    pub(crate) any_lost: std::sync::atomic::AtomicBool,
     /// Told of every page whose acknowledged writes were lost (`Fs::on_lost_writes`).
     pub(crate) lost_writes: std::sync::OnceLock<LostWritesHook>,
     pub(crate) stats: FsStats,
@@ -328,6 +331,7 @@ impl Fs {
             fetch_queue: Mutex::new(None),
             fetch_leftover: Default::default(),
             fetch_errors: Mutex::new(Default::default()),
+            any_lost: std::sync::atomic::AtomicBool::new(false),
             lost_writes: std::sync::OnceLock::new(),
             stats: FsStats::default(),
             times: Default::default(),

@@ -2006,6 +2006,9 @@ impl Fs {
     /// were reported before, none if one was not (a handle opened after an unreported
     /// loss reports it, as Linux does since 4.16).
     pub(crate) fn lost_writes_sample(&self, ino: u64) -> u64 {
+        if !self.inner.any_lost.load(std::sync::atomic::Ordering::Acquire) {
+            return 0;
+        }
         match self.inner.fetch_errors.lock().get(&ino) {
             Some(e) if e.seen => e.seq,
             _ => 0,
@@ -2018,6 +2021,11 @@ impl Fs {
     /// never dropped. A caller without a handle (`Fs::fsync` by number, a FUSE mount
     /// that sees no opens) reports a loss no one has reported yet.
     fn report_lost_writes(&self, ino: u64, since: Option<&AtomicU64>) -> Result<()> {
+        // The loss is recorded before the operation that found it returns (the store
+        // is under the lock, and reported by whoever then calls here).
+        if !self.inner.any_lost.load(std::sync::atomic::Ordering::Acquire) {
+            return Ok(());
+        }
         let mut errors = self.inner.fetch_errors.lock();
         let Some(e) = errors.get_mut(&ino) else {
             return Ok(());
