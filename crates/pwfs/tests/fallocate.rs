@@ -413,6 +413,8 @@ fn preallocated_blocks_never_show_old_contents_after_a_crash() {
             if point == log.len() {
                 assert_eq!(stamps, states[2], "the synced collapse and insert");
             }
+        } else {
+            assert!(point < synced_at, "the synced /moved is lost");
         }
         fs.unmount().unwrap();
         fsck_clean(&*dev);
