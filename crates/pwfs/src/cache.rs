@@ -525,6 +525,17 @@ impl PageCache {
     }
 
     /// The inodes that have dirty pages now.
+    /// The dirty pages of each inode that has some.
+    pub fn dirty_by_inode(&self) -> std::collections::BTreeMap<u64, usize> {
+        let mut out = std::collections::BTreeMap::new();
+        for shard in self.shards.iter() {
+            for (ino, _) in shard.dirty.lock().iter() {
+                *out.entry(*ino).or_insert(0) += 1;
+            }
+        }
+        out
+    }
+
     pub fn dirty_inodes(&self) -> BTreeSet<u64> {
         let mut out = BTreeSet::new();
         for shard in self.shards.iter() {

@@ -67,7 +67,7 @@ pub(crate) fn writeback_thread(fs: Weak<FsInner>, wake: Arc<(Mutex<bool>, Condva
                 // after every round.
                 loop {
                     let before = inner.stats.data_writes.load(Ordering::Relaxed);
-                    let r = inner.writeback();
+                    let r = inner.writeback_pressure();
                     // Nothing written: what is dirty waits for a commit (pages the
                     // journal carries), or for a fetch.
                     let stuck = inner.stats.data_writes.load(Ordering::Relaxed) == before;
@@ -147,6 +147,36 @@ impl FsInner {
     pub fn dirty_pages(&self) -> usize {
         let patched = self.stats.patched_pages.load(Ordering::Relaxed).max(0) as usize;
         self.cache.dirty_count().saturating_sub(patched)
+    }
+
+    /// Write-back under dirty-data pressure: the files dirtied longest ago first (as
+    /// Linux's flusher takes inodes by when they were dirtied), as many as bring the
+    /// dirty pages under a quarter of the limit. A file being written keeps its pages
+    /// while older ones go: its writers do not meet their pages under write-back
+    /// (lent to the device), and pages dirtied again at once are not written over and
+    /// over. Without a commit, as `writeback`.
+    pub(crate) fn writeback_pressure(&self) -> Result<()> {
+        self.check_alive()?;
+        let _c = self.commit_lock.lock();
+        let limit = self.cache.capacity() as f64 * self.config.dirty_ratio;
+        let need = (self.dirty_pages() as f64 - limit / 4.0).max(1.0) as usize;
+        let mut files: Vec<(u64, u64, usize)> = self
+            .cache
+            .dirty_by_inode()
+            .into_iter()
+            .map(|(ino, n)| (self.inodes.get(ino).map_or(0, |c| c.dirtied_in.load(Ordering::Relaxed)), ino, n))
+            .collect();
+        files.sort_unstable();
+        let mut picked = BTreeSet::new();
+        let mut sum = 0;
+        for (_, ino, n) in files {
+            if sum >= need {
+                break;
+            }
+            picked.insert(ino);
+            sum += n;
+        }
+        self.writeback_of(Some(&picked)).map(|_| ())
     }
 
     /// Write dirty data home without committing: frees the cache for more writes.
@@ -251,6 +281,7 @@ impl FsInner {
         selection: Option<&BTreeSet<u64>>,
         why: Wb<'_>,
     ) -> Result<Option<StartedWriteback>> {
+        self.wb_round.fetch_add(1, Ordering::Relaxed);
         let pages = match selection {
             None => self.cache.take_dirty(),
             Some(inos) => self.cache.take_dirty_of(inos),

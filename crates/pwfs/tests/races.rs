@@ -450,3 +450,45 @@ fn rewrites_racing_write_back_are_never_left_behind() {
         }
     });
 }
+
+/// Write-back under pressure writes the files dirtied longest ago first, only as many
+/// as bring the dirty pages under a quarter of the limit: a file being written keeps
+/// its pages (its writers do not meet them lent to the device).
+#[test]
+fn write_back_under_pressure_takes_the_files_dirtied_longest_ago() {
+    const PAGE: usize = 4096;
+    // 256 pages of cache, a dirty limit of 128 pages: under pressure, write-back brings
+    // the dirty pages under 32.
+    let config = pwfs::Config { cache_bytes: 256 * PAGE as u64, dirty_ratio: 0.5, ..test_config() };
+    let dev = Arc::new(pwfs::device::mem::MemDevice::new(32 * MIB));
+    pwfs::mkfs(&*dev, &pwfs::MkfsOptions::default()).unwrap();
+    let fs = Fs::mount(dev.clone(), config).unwrap();
+    for name in ["/old", "/new", "/other"] {
+        fs.write_file(name, &vec![1u8; 40 * PAGE]).unwrap();
+    }
+    fs.sync().unwrap();
+    let open = |p: &str| OpenOptions::new().write(true).open(&fs, p).unwrap();
+    let (old, new, other) = (open("/old"), open("/new"), open("/other"));
+    old.write_at(&vec![2u8; 40 * PAGE], 0).unwrap();
+    // A write-back in between (an fdatasync of another file): what is dirtied after it
+    // is younger.
+    other.write_at(&[3u8; PAGE], 0).unwrap();
+    other.sync_data().unwrap();
+    new.write_at(&vec![4u8; 20 * PAGE], 0).unwrap();
+    // 60 dirty pages: 28 must go, and the 40 of the older file are enough.
+    let written = || fs.device_counters().bytes_written;
+    let before = written();
+    fs.write_back_under_pressure().unwrap();
+    assert_eq!(written() - before, 40 * PAGE as u64, "the older file, whole, and nothing else");
+    let before = written();
+    fs.write_back().unwrap();
+    assert_eq!(written() - before, 20 * PAGE as u64, "the newer file was left dirty");
+    drop((old, new, other));
+    fs.sync().unwrap();
+    fs.unmount().unwrap();
+    let fs = Fs::mount(dev.clone(), test_config()).unwrap();
+    assert_eq!(fs.read_file("/old").unwrap(), vec![2u8; 40 * PAGE]);
+    assert_eq!(&fs.read_file("/new").unwrap()[..20 * PAGE], &vec![4u8; 20 * PAGE][..]);
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}

@@ -295,6 +295,10 @@ pub struct InodeCell {
     /// One past the highest page index ever put in the cache for this inode: a
     /// truncate or delete looks for pages below it only.
     pages_end: AtomicU64,
+    /// The write-back round (`FsInner::wb_round`) in which a writer last put pages of
+    /// this file in the dirty set: write-back under pressure writes the files dirtied
+    /// longest ago first (their writers have moved on), not the ones being written.
+    pub dirtied_in: AtomicU64,
     /// A directory's names, once loaded (`Meta::dir`); `None` for other inodes.
     /// Changed under the metadata lock; read without it (`Fs::lookup`). A leaf lock:
     /// nothing else is taken under it. (A sharded lock here, and for the table below,
@@ -335,6 +339,7 @@ impl InodeCell {
             published,
             ra: RaState::default(),
             pages_end: AtomicU64::new(0),
+            dirtied_in: AtomicU64::new(0),
             opens: Default::default(),
             names,
             names_gen: AtomicU64::new(names_gen),

@@ -148,6 +148,8 @@ pub(crate) struct FsInner {
     /// Files whose patches were lost to a failed fetch after their writes returned:
     /// each handle's next fsync (or close) reports EIO once (`LostWrites`).
     pub(crate) fetch_errors: Mutex<std::collections::HashMap<u64, LostWrites>>,
+    /// Write-backs begun so far (`InodeCell::dirtied_in`).
+    pub(crate) wb_round: AtomicU64,
     /// Whether `fetch_errors` ever held anything: opens, closes and fsyncs skip its
     /// lock while it has not (the usual case).
     pub(crate) any_lost: std::sync::atomic::AtomicBool,
@@ -332,6 +334,7 @@ impl Fs {
             fetch_leftover: Default::default(),
             fetch_errors: Mutex::new(Default::default()),
             any_lost: std::sync::atomic::AtomicBool::new(false),
+            wb_round: AtomicU64::new(0),
             lost_writes: std::sync::OnceLock::new(),
             stats: FsStats::default(),
             times: Default::default(),
@@ -490,6 +493,14 @@ impl Fs {
     /// dirty-data pressure: nothing is made durable by it (no flush, no journal).
     pub fn write_back(&self) -> Result<()> {
         self.inner.writeback()
+    }
+
+    /// One round of write-back under dirty-data pressure, as the write-back thread
+    /// makes when the cache passes half its dirty limit: the files dirtied longest ago,
+    /// as many as bring the dirty pages under a quarter of the limit (tests).
+    #[doc(hidden)]
+    pub fn write_back_under_pressure(&self) -> Result<()> {
+        self.inner.writeback_pressure()
     }
 
     /// Drop every clean cached page (benchmarks use it for cold runs). Readahead

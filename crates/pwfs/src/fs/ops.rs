@@ -1685,6 +1685,10 @@ impl Fs {
         let _gate = (end > size).then(|| self.inner.size_gate.read());
         if !listed {
             self.inner.cache.mark_dirty_range(ino, first, dirtied);
+            cell.dirtied_in.store(
+                self.inner.wb_round.load(std::sync::atomic::Ordering::Relaxed),
+                std::sync::atomic::Ordering::Relaxed,
+            );
         }
         // The size covers what was copied.
         let copied_end = offset + copied as u64;
