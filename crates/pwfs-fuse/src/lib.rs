@@ -297,6 +297,11 @@ impl PwFuse {
 
     /// Reply with an entry and count the kernel's new reference to it.
     fn entry(&self, reply: ReplyEntry, r: pwfs::Result<Metadata>) {
+        self.entry_for(reply, r, &TTL)
+    }
+
+    /// `entry`, cached by the kernel for `ttl`.
+    fn entry_for(&self, reply: ReplyEntry, r: pwfs::Result<Metadata>, ttl: &Duration) {
         match r {
             Ok(m) => {
                 // Freed since its attributes were read (a FORGET racing a lookup by
@@ -306,7 +311,7 @@ impl PwFuse {
                 }
                 let before = self.missed();
                 let m = self.fresh(m);
-                reply.entry(&TTL, &attr(&m), generation(&m));
+                reply.entry(ttl, &attr(&m), generation(&m));
                 self.recheck(m.ino, before);
             }
             Err(e) => reply.error(errno(e)),
@@ -863,7 +868,12 @@ impl Filesystem for PwFuse {
     }
 
     fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
-        self.entry(reply, self.fs.link(ino.0, newparent.0, newname.as_bytes()))
+        // The kernel applies a link reply's attributes to the inode it holds without
+        // checking their version: a shim change racing this reply would stay hidden for
+        // the attribute timeout. With a shim, the reply is not cached (the next stat
+        // asks again; link is rare).
+        let ttl = if self.view.active { Duration::ZERO } else { TTL };
+        self.entry_for(reply, self.fs.link(ino.0, newparent.0, newname.as_bytes()), &ttl)
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
