@@ -1004,11 +1004,12 @@ impl Filesystem for PwFuse {
             (false, true) => Some(true),
             _ => None,
         };
+        let cached = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
         let mut written = self.fs.write(ino.0, offset, data, append);
         // A page the kernel writes back from its cache is acknowledged data: the kernel
         // keeps only an error for it (a short count would leave the rest marked clean
         // and unreported). The rest is tried again, for its error.
-        if let (true, Ok((at, n))) = (write_flags.contains(WriteFlags::FUSE_WRITE_CACHE), &written) {
+        if let (true, Ok((at, n))) = (cached, &written) {
             let (at, n) = (*at, *n);
             if n < data.len() {
                 written = match self.fs.write(ino.0, at + n as u64, &data[n..], false) {
@@ -1030,7 +1031,6 @@ impl Filesystem for PwFuse {
                 }
             }
             Err(e) => {
-                let cached = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
                 // A page the kernel wrote back from its cache (a shared mapping's
                 // stores) is data a program was told it wrote: the kernel keeps this
                 // errno for the file's next fsync, which returns it without asking
@@ -1677,9 +1677,8 @@ pub fn mount_with(fs: Fs, mountpoint: &Path, o: &MountOptions) -> std::io::Resul
             }
         }
     })?;
-    let lost = std::sync::Mutex::new(lost);
     fs.on_lost_writes(move |ino, page| {
-        let _ = lost.lock().unwrap_or_else(|e| e.into_inner()).send((ino, page));
+        let _ = lost.send((ino, page));
     });
     let view = Arc::new(KernelView::new(o.shim, notifier.clone()));
     let pw = PwFuse {

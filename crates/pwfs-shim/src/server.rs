@@ -719,20 +719,11 @@ fn answer(shared: &Shared, s: &Session, ch: &Channel) -> Result<(i64, u64), i32>
             let (at, n) = r.map_err(e)?;
             let sync = c | handle.sync;
             if sync & proto::WRITE_SYNC != 0 {
-                match sync & proto::WRITE_DATASYNC != 0 {
-                    true => f.sync_data(),
-                    false => f.sync_all(),
-                }
-                .map_err(e)?;
+                sync_file(f, sync & proto::WRITE_DATASYNC != 0).map_err(e)?;
             }
             Ok((n as i64, at))
         }
-        Op::Fsync => match c == 1 {
-            true => f.sync_data(),
-            false => f.sync_all(),
-        }
-        .map(|_| (0, 0))
-        .map_err(e),
+        Op::Fsync => sync_file(f, c == 1).map(|_| (0, 0)).map_err(e),
         Op::Stat => {
             h.set_stat(stat_of(&f.metadata().map_err(e)?));
             Ok((0, 0))
@@ -772,6 +763,15 @@ fn answer(shared: &Shared, s: &Session, ch: &Channel) -> Result<(i64, u64), i32>
             r.map(|_| (0, 0)).map_err(e)
         }
         Op::Syncfs | Op::Release => unreachable!("answered above"),
+    }
+}
+
+/// fsync(2) or fdatasync(2) through the handle, which reports a lost write once to
+/// each handle (`File::sync_all`).
+fn sync_file(f: &pwfs::File, datasync: bool) -> pwfs::Result<()> {
+    match datasync {
+        true => f.sync_data(),
+        false => f.sync_all(),
     }
 }
 

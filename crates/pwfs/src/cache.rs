@@ -524,8 +524,8 @@ impl PageCache {
         out
     }
 
-    /// The inodes that have dirty pages now.
-    /// The dirty pages of each inode that has some.
+    /// The dirty pages of each inode that has some (one step per page; `dirty_inodes`
+    /// takes one per inode, for callers that need no count).
     pub fn dirty_by_inode(&self) -> std::collections::BTreeMap<u64, usize> {
         let mut out = std::collections::BTreeMap::new();
         for shard in self.shards.iter() {
@@ -536,6 +536,7 @@ impl PageCache {
         out
     }
 
+    /// The inodes that have dirty pages now.
     pub fn dirty_inodes(&self) -> BTreeSet<u64> {
         let mut out = BTreeSet::new();
         for shard in self.shards.iter() {

@@ -135,11 +135,15 @@ impl FsInner {
     /// at the limit). Write-back starts at 0.5 and writers wait at 1.0; a Lazy fetch
     /// happens here, under patch-memory pressure.
     pub fn pressure(&self) -> f64 {
-        let limit = self.cache.capacity() as f64 * self.config.dirty_ratio;
-        let dirty = self.dirty_pages() as f64 / limit;
+        let dirty = self.dirty_pages() as f64 / self.dirty_limit();
         let patches =
             self.stats.patch_bytes.load(Ordering::Relaxed).max(0) as f64 / self.config.patch_bytes.max(1) as f64;
         dirty.max(patches)
+    }
+
+    /// Dirty pages the cache may hold before writers wait (pressure 1.0).
+    fn dirty_limit(&self) -> f64 {
+        self.cache.capacity() as f64 * self.config.dirty_ratio
     }
 
     /// Dirty pages that hold a page buffer (pages with only patches are bounded by
@@ -158,8 +162,7 @@ impl FsInner {
     pub(crate) fn writeback_pressure(&self) -> Result<()> {
         self.check_alive()?;
         let _c = self.commit_lock.lock();
-        let limit = self.cache.capacity() as f64 * self.config.dirty_ratio;
-        let need = (self.dirty_pages() as f64 - limit / 4.0).max(1.0) as usize;
+        let need = (self.dirty_pages() as f64 - self.dirty_limit() / 4.0).max(1.0) as usize;
         let mut files: Vec<(u64, u64, usize)> = self
             .cache
             .dirty_by_inode()
