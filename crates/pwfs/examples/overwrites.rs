@@ -1,6 +1,7 @@
 //! Profiling aid: N threads of 4 KiB (or SIZE) overwrites at random offsets of private,
 //! cached files on an image file, ops/s — row (a)/(d) of `pwfs bench scale` alone.
-//! `cargo run --release --example overwrites -- THREADS SECS IMAGE [SIZE] [FILE_MIB] [DIRTY_RATIO]`.
+//! `cargo run --release --example overwrites -- THREADS SECS IMAGE [SIZE] [FILE_MIB] [DIRTY_RATIO]`
+//! (FILE_MIB may be a fraction: 0.5 is 512 KiB).
 use pwfs::{Config, MkfsOptions, OpenOptions};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -11,7 +12,7 @@ fn main() {
     let secs: f64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(3.0);
     let image = args.next().unwrap_or_else(|| "overwrites.img".into());
     let size: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(4096);
-    let file: u64 = args.next().and_then(|a| a.parse::<u64>().ok()).unwrap_or(4) << 20;
+    let file = (args.next().and_then(|a| a.parse::<f64>().ok()).unwrap_or(4.0) * (1u64 << 20) as f64) as u64;
     let dirty_ratio: f64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(Config::default().dirty_ratio);
     pwfs::mkfs_image(image.as_ref(), 1 << 30, &MkfsOptions::default()).unwrap();
     let fs = pwfs::mount_image(image.as_ref(), Config { cache_bytes: 256 << 20, dirty_ratio, ..Default::default() })
