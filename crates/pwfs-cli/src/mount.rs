@@ -600,11 +600,15 @@ fn canonical(mountpoint: &Path) -> PathBuf {
     })
 }
 
-/// `RUN_DIR/<mount point, '/' as '%'>.EXT`.
+/// `RUN_DIR/<mount point, escaped as systemd-escape --path does>.EXT`
+/// (`pwfs_shim::proto::runtime_name`: /mnt/pwfs is `mnt-pwfs`).
 fn runtime_file(mountpoint: &Path, ext: &str) -> PathBuf {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
     let canon = canonical(mountpoint);
-    let name: String = canon.to_string_lossy().chars().map(|c| if c == '/' { '%' } else { c }).collect();
-    Path::new(RUN_DIR).join(format!("{name}.{ext}"))
+    let mut name = pwfs_shim::proto::runtime_name(canon.as_os_str().as_bytes());
+    name.push(b'.');
+    name.extend_from_slice(ext.as_bytes());
+    Path::new(RUN_DIR).join(std::ffi::OsString::from_vec(name))
 }
 
 /// How the serving process of `mountpoint` ended ("ok", or "failed: why"), written as
@@ -636,11 +640,11 @@ fn shim_file(mountpoint: &Path) -> PathBuf {
 /// The shim server of this process's mount, while it serves.
 static SHIM: std::sync::Mutex<Option<pwfs_shim::server::Server>> = std::sync::Mutex::new(None);
 
-/// The mount point a file in RUN_DIR is named after (for messages: a '%' in the mount
-/// point's own name comes back as '/').
+/// The mount point a file in RUN_DIR is named after.
 pub fn mountpoint_of(file: &Path) -> PathBuf {
-    let stem = file.file_stem().unwrap_or_default().to_string_lossy();
-    PathBuf::from(stem.replace('%', "/"))
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let stem = file.file_stem().unwrap_or_default();
+    PathBuf::from(std::ffi::OsString::from_vec(pwfs_shim::proto::runtime_unescape(stem.as_bytes())))
 }
 
 pub fn render_stats(fs: &pwfs::Fs) -> String {

@@ -502,8 +502,8 @@ fn a_daemon_logs_its_warnings_to_its_log_file() {
         f.write_all_at(&[0xff], 100).unwrap();
     };
     damage();
-    let log =
-        Path::new("/run/pwfs").join(format!("{}.log", mp.canonicalize().unwrap().to_str().unwrap().replace('/', "%")));
+    let name = pwfs_shim::proto::runtime_name(mp.canonicalize().unwrap().to_str().unwrap().as_bytes());
+    let log = Path::new("/run/pwfs").join(format!("{}.log", String::from_utf8(name).unwrap()));
     let _ = std::fs::remove_file(&log);
     let (ok, out, err) = pwfs(&["mount", img_s, mp_s, "--cache", "16M", "--daemon"]);
     assert!(ok, "{out}{err}");

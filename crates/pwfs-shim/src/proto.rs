@@ -218,11 +218,66 @@ impl Msg {
     }
 }
 
+/// The name of a mount point's files in /run/pwfs (without the extension), escaped
+/// as `systemd-escape --path` does: the slashes at either end dropped, '/' turned '-',
+/// every byte but ASCII letters, digits, ':', '_' and a '.' that does not lead turned
+/// `\xNN`; the root is "-". One name per mount point and back (`runtime_unescape`):
+/// "/mnt/a-b" and "/mnt/a/b" are "mnt-a\x2db" and "mnt-a-b".
+pub fn runtime_name(mountpoint: &[u8]) -> Vec<u8> {
+    let mut start = 0;
+    let mut end = mountpoint.len();
+    while start < end && mountpoint[start] == b'/' {
+        start += 1;
+    }
+    while end > start && mountpoint[end - 1] == b'/' {
+        end -= 1;
+    }
+    let path = &mountpoint[start..end];
+    if path.is_empty() {
+        return b"-".to_vec();
+    }
+    let mut out = Vec::with_capacity(path.len());
+    for (i, &c) in path.iter().enumerate() {
+        match c {
+            b'/' => out.push(b'-'),
+            b'.' if i > 0 => out.push(c),
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b':' | b'_' => out.push(c),
+            _ => out.extend_from_slice(format!("\\x{c:02x}").as_bytes()),
+        }
+    }
+    out
+}
+
+/// The mount point a `runtime_name` stands for.
+pub fn runtime_unescape(name: &[u8]) -> Vec<u8> {
+    if name == b"-" {
+        return b"/".to_vec();
+    }
+    let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let mut out = vec![b'/'];
+    let mut i = 0;
+    while i < name.len() {
+        match name[i] {
+            b'-' => out.push(b'/'),
+            b'\\' if i + 3 < name.len() && name[i + 1] == b'x' => match (hex(name[i + 2]), hex(name[i + 3])) {
+                (Some(h), Some(l)) => {
+                    out.push(h << 4 | l);
+                    i += 3;
+                }
+                _ => out.push(b'\\'),
+            },
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    out
+}
+
 /// The socket of the mount at `mountpoint` (canonical, as in /proc/self/mountinfo):
-/// /run/pwfs/ and the mount point with '/' turned '%', like the daemon's control socket.
+/// /run/pwfs/ and the mount point's `runtime_name`, like the daemon's control socket.
 pub fn socket_path(mountpoint: &[u8]) -> Vec<u8> {
     let mut p = b"/run/pwfs/".to_vec();
-    p.extend(mountpoint.iter().map(|&c| if c == b'/' { b'%' } else { c }));
+    p.extend(runtime_name(mountpoint));
     p.extend_from_slice(b".shim");
     p
 }
@@ -404,8 +459,30 @@ mod tests {
 
     #[test]
     fn the_socket_is_named_after_the_mount_point() {
-        assert_eq!(socket_path(b"/mnt/a b"), b"/run/pwfs/%mnt%a b.shim".to_vec());
+        assert_eq!(socket_path(b"/mnt/a b"), b"/run/pwfs/mnt-a\\x20b.shim".to_vec());
         assert_eq!(Op::from_u32(Op::Syncfs as u32), Some(Op::Syncfs));
         assert_eq!(Op::from_u32(0), None);
+    }
+
+    /// Mount points that differ have files of different names (a '-', '%' or '\\' in
+    /// a name is escaped), and each name leads back to its mount point.
+    #[test]
+    fn runtime_names_are_one_per_mount_point() {
+        let cases: [(&[u8], &[u8]); 8] = [
+            (b"/", b"-"),
+            (b"/mnt/pwfs", b"mnt-pwfs"),
+            (b"/mnt/a-b", b"mnt-a\\x2db"),
+            (b"/mnt/a/b", b"mnt-a-b"),
+            (b"/mnt/a%b", b"mnt-a\\x25b"),
+            (b"/mnt/.hidden/x.y", b"mnt-.hidden-x.y"),
+            (b"/.a", b"\\x2ea"),
+            (b"/t/\\x2d\xff", b"t-\\x5cx2d\\xff"),
+        ];
+        for (mp, name) in cases {
+            assert_eq!(runtime_name(mp), name.to_vec(), "{}", String::from_utf8_lossy(mp));
+            assert_eq!(runtime_unescape(name), mp.to_vec(), "{}", String::from_utf8_lossy(name));
+        }
+        let names: std::collections::HashSet<Vec<u8>> = cases.iter().map(|(mp, _)| runtime_name(mp)).collect();
+        assert_eq!(names.len(), cases.len());
     }
 }
