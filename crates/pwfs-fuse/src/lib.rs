@@ -113,6 +113,9 @@ pub const XFS_IOC_GOINGDOWN: u32 = 0x8004_587d;
 const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
 const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
 const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
+/// `FS_IOC_GETVERSION` (`_IOR('v', 1, long)`; ext4 stores an int): the inode's
+/// generation, which `lsattr -v` shows and NFS file handles carry.
+const FS_IOC_GETVERSION: u32 = 0x8008_7601;
 const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
 /// FS_XFLAG_IMMUTABLE, FS_XFLAG_APPEND, FS_XFLAG_NOATIME and their FS_*_FL.
 const XFLAGS: [(u32, u32); 3] =
@@ -776,13 +779,21 @@ impl Filesystem for PwFuse {
             },
             false => false,
         };
+        // With the write-back cache the kernel keeps mtime and ctime itself and sends
+        // its "now" as a time: an mtime equal to the ctime it sends along is its touch
+        // or its own update, not a time a caller chose (which an append-only file
+        // refuses).
+        let mtime = match (mtime, ctime) {
+            (Some(TimeOrNow::SpecificTime(t)), Some(c)) if t == c => Some(TimeSet::Current(timespec(t))),
+            (m, _) => m.map(time_set),
+        };
         let set = SetAttr {
             mode,
             uid,
             gid,
             size,
             atime: atime.map(time_set),
-            mtime: mtime.map(time_set),
+            mtime,
             ctime: ctime.map(timespec),
             kill_setid: same_owner,
             outsider,
@@ -993,6 +1004,14 @@ impl Filesystem for PwFuse {
         // end instead, and if that is not where the kernel put the data in its pages,
         // the kernel's copy is dropped (on another thread: this write's pages are
         // locked until it is answered).
+        // An append-only file takes writes only from O_APPEND descriptors: the open
+        // that ext4 refuses was not sent here (write-through mode has no open requests).
+        // The kernel's own write-back of cached pages carries no descriptor's flags.
+        if !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
+            if let Err(e) = self.fs.check_fd_write(ino.0, flags.0 & libc::O_APPEND != 0) {
+                return reply.error(errno(e));
+            }
+        }
         self.view.touch(ino.0);
         // (The write-back cache sends whole pages at their place and asks for the size
         // itself before an append.)
@@ -1161,6 +1180,11 @@ impl Filesystem for PwFuse {
             return reply.error(Errno::EFBIG);
         }
         self.view.touch(ino_out.0);
+        // The kernel refuses an O_APPEND destination (EBADF); any other descriptor of an
+        // append-only file could not have been opened for writing on ext4.
+        if let Err(e) = self.fs.check_fd_write(ino_out.0, false) {
+            return reply.error(errno(e));
+        }
         if let Err(e) = self.kill_privs(req, ino_out.0, PrivChange::Write) {
             return reply.error(errno(e));
         }
@@ -1340,9 +1364,10 @@ impl Filesystem for PwFuse {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        // The kernel refuses a caller's removexattr on an append-only file itself; one
-        // of file capabilities that reaches us there is its own, for a change
-        // (`cap_inode_killpriv`), which an append-only file allows.
+        // A removexattr of file capabilities on an append-only file is let through:
+        // the kernel sends its own for an append (`cap_inode_killpriv`, which ext4
+        // allows there), and it cannot be told from a caller's (which ext4 refuses:
+        // the FUSE inode carries no append-only flag for the kernel to check).
         match name.as_bytes() == b"security.capability" {
             true => empty(reply, self.fs.drop_caps(ino.0)),
             false => empty(reply, self.fs.removexattr(ino.0, name.as_bytes())),
@@ -1407,6 +1432,12 @@ impl Filesystem for PwFuse {
                         self.attrs_changed(ino);
                         reply.ioctl(0, &[])
                     }
+                    Err(e) => reply.error(errno(e)),
+                };
+            }
+            FS_IOC_GETVERSION => {
+                return match self.fs.getattr(ino.0) {
+                    Ok(m) => reply.ioctl(0, &generation(&m).0.to_ne_bytes()[..4]),
                     Err(e) => reply.error(errno(e)),
                 };
             }

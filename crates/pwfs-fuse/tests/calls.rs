@@ -306,6 +306,41 @@ fn chattr_immutable_and_append_only_through_the_kernel() {
             f.write_at(b"X", 0).map(drop)
         });
         assert_eq!(e(rewrite), Some(libc::EPERM), "{cache:?}");
+        // Also at the end of the file: without O_APPEND, ext4 refuses the open itself.
+        let at_end = std::fs::OpenOptions::new().write(true).open(p("a")).and_then(|f| {
+            use std::os::unix::fs::FileExt;
+            f.write_at(b"X", 4).map(drop)
+        });
+        assert_eq!(e(at_end), Some(libc::EPERM), "{cache:?}");
+        // And copy_file_range into it (an O_APPEND destination the kernel refuses itself).
+        std::fs::write(p("src"), b"copied").unwrap();
+        let copy = std::fs::File::open(p("src")).and_then(|from| {
+            let to = std::fs::OpenOptions::new().write(true).open(p("a"))?;
+            let mut off_out: i64 = 4;
+            // SAFETY: both descriptors are open; the offsets are locals.
+            let r = unsafe {
+                libc::copy_file_range(from.as_raw_fd(), std::ptr::null_mut(), to.as_raw_fd(), &mut off_out, 6, 0)
+            };
+            if r < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+        assert_eq!(e(copy), Some(libc::EPERM), "{cache:?}");
+        // Times: set to now both at once (touch) passes; any other setting is an
+        // explicit change of times, refused (notify_change's ATTR_TIMES_SET).
+        let c = CString::new(p("a").as_os_str().as_bytes()).unwrap();
+        let now_omit = [
+            libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW },
+            libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
+        ];
+        // SAFETY: a NUL-terminated path and two timespecs.
+        let r = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), now_omit.as_ptr(), 0) };
+        assert_eq!((r, last_errno()), (-1, libc::EPERM), "{cache:?}: utimensat NOW, OMIT");
+        // SAFETY: as above; a null array is "both now".
+        let r = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), std::ptr::null(), 0) };
+        assert_eq!(r, 0, "{cache:?}: touch: {}", std::io::Error::last_os_error());
+        std::fs::remove_file(p("src")).unwrap();
         assert_eq!(std::fs::read(p("a")).unwrap(), b"log:", "{cache:?}");
         use std::io::Write;
         let mut f = std::fs::OpenOptions::new().append(true).open(p("a")).unwrap();
@@ -314,6 +349,15 @@ fn chattr_immutable_and_append_only_through_the_kernel() {
         assert_eq!(std::fs::read(p("a")).unwrap(), b"log:more");
         // The engine has it too (in write-back mode an append-only file is written through).
         assert_eq!(fs.read_file("/a").unwrap(), b"log:more", "{cache:?}");
+        // FS_IOC_GETVERSION: the generation file handles carry (an int, as ext4's).
+        let f = std::fs::File::open(p("a")).unwrap();
+        let mut version: u64 = u64::MAX;
+        let r = unsafe { libc::ioctl(f.as_raw_fd(), 0x8008_7601, &mut version) };
+        assert_eq!(r, 0, "{cache:?}: FS_IOC_GETVERSION: {}", std::io::Error::last_os_error());
+        let generation = fs.metadata("/a").unwrap().generation;
+        assert_eq!(version as u32, generation, "{cache:?}");
+        assert_eq!(version >> 32, u64::from(u32::MAX), "{cache:?}: four bytes written, as ext4");
+        drop(f);
         // The 32-bit encoding of FS_IOC_SETFLAGS is not one the kernel checks for a 64-bit
         // caller: the mount does not take it (a user could set flags unchecked).
         let f = std::fs::File::open(p("a")).unwrap();

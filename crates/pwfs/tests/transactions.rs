@@ -387,6 +387,45 @@ fn a_delete_frees_its_inode_at_once_and_an_open_file_at_its_last_close() {
     fsck_clean(&*dev);
 }
 
+/// An unlinked file whose freeing is too big for its last close (left to the commit,
+/// its pages dropped at once) cannot be opened again by its number: it is deleted, as
+/// on ext4 after the last reference. Before, it could, and read what its blocks held
+/// at home instead of what was fsync'd (a block carried in the journal is only there).
+#[test]
+fn a_deleted_file_left_to_the_commit_cannot_be_reopened_by_number() {
+    let dev = Arc::new(MemDevice::new(512 * MIB));
+    let min = 131072u64.div_ceil(32736) + 32;
+    pwfs::mkfs(&*dev, &MkfsOptions { inodes: Some(256), journal_blocks: Some(min) }).unwrap();
+    let fs = Fs::mount(dev.clone(), Config { writeback_interval: None, ..test_config() }).unwrap();
+    // A file of 4,000 extents (interleaved with another on the device): freeing it
+    // takes more than a quarter of this journal.
+    let (a, b) = (fs.create("/a").unwrap(), fs.create("/b").unwrap());
+    let page = vec![7u8; 4096];
+    for i in 0..4000u64 {
+        a.write_at(&page, i * 8192).unwrap();
+        b.write_at(&page, i * 8192).unwrap();
+        if i % 500 == 0 {
+            fs.sync().unwrap();
+        }
+    }
+    fs.sync().unwrap();
+    drop(b);
+    let ino = a.ino();
+    let before = fs.statfs().inodes_free;
+    fs.remove_file("/a").unwrap();
+    a.write_at(b"fsync'd", 0).unwrap();
+    a.sync_all().unwrap();
+    drop(a);
+    assert_eq!(fs.statfs().inodes_free, before, "left to the commit, not freed at the last close");
+    assert_eq!(errno(fs.open_ino_file(ino, true, false, false)), libc::ENOENT);
+    assert_eq!(errno(fs.open_ino(ino)), libc::ENOENT);
+    fs.sync().unwrap();
+    assert_eq!(fs.statfs().inodes_free, before + 1, "freed by the commit");
+    assert_eq!(fs.poisoned(), None);
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}
+
 /// With the write-back thread committing in the background (the default), two
 /// threads creating, looking up and deleting files in their own directories on a
 /// small journal lose nothing and leave a clean image; lookups answered from the

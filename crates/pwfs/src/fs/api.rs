@@ -95,10 +95,17 @@ pub struct DirEntry {
     pub next: u64,
 }
 
+/// A time `Fs::setattr` sets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TimeSet {
+    /// The present time (utimensat's UTIME_NOW).
     Now,
+    /// A time the caller chose (an explicit change of times).
     At(Timespec),
+    /// The present time as the caller's clock read it: the kernel's own time updates
+    /// and touches when it keeps a file's times itself (FUSE write-back cache). Stored
+    /// as given, counted as `Now`.
+    Current(Timespec),
 }
 
 /// What kind of change `Fs::kill_privs` clears privileges for.

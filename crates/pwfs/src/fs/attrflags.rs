@@ -50,6 +50,25 @@ pub(crate) fn deny_write(node: &Inode, offset: u64, append: bool) -> Result<()> 
 }
 
 impl Fs {
+    /// May a descriptor opened without O_APPEND (`fd_append` false) write to `ino`?
+    /// Not to an append-only file: EPERM, as the kernel's `may_open` refuses such an
+    /// open on ext4. For front ends that learn of an open only at its first write
+    /// (the FUSE mount without open requests); `deny_write` alone lets a write at the
+    /// end through, which is right for O_APPEND descriptors only.
+    pub fn check_fd_write(&self, ino: u64, fd_append: bool) -> Result<()> {
+        if fd_append {
+            return Ok(());
+        }
+        let cell = self.inner.cell(ino)?;
+        if cell.kind != f::S_IFREG {
+            return Ok(());
+        }
+        if cell.lock().d.flags & f::INODE_FLAG_APPEND != 0 {
+            return Err(Error::not_permitted("the file is append-only and was not opened with O_APPEND"));
+        }
+        Ok(())
+    }
+
     /// FS_IOC_GETFLAGS: the FS_*_FL flags of `ino`.
     pub fn get_flags(&self, ino: u64) -> Result<u32> {
         self.inner.check_up()?;

@@ -960,7 +960,7 @@ impl Fs {
         // As utimensat(2): nanoseconds past a second are EINVAL (and the inode would
         // not load again).
         let at = |t: Option<TimeSet>| match t {
-            Some(TimeSet::At(ts)) => Some(ts),
+            Some(TimeSet::At(ts) | TimeSet::Current(ts)) => Some(ts),
             _ => None,
         };
         if [at(set.atime), at(set.mtime), set.ctime].into_iter().flatten().any(|t| t.nsec >= 1_000_000_000) {
@@ -998,8 +998,19 @@ impl Fs {
         let mut node = m.inode(ino)?;
         // As notify_change: no chmod, chown or explicit times on an immutable or
         // append-only file; setting the times to now is refused only when immutable.
+        // As utimensat: "now" for one time while the other is left alone is explicit
+        // too (ATTR_TIMES_SET; only both now at once is a touch), unless it comes with
+        // a truncate (the time update of the size change itself).
         let explicit = |t: Option<TimeSet>| matches!(t, Some(TimeSet::At(_)));
-        if set.mode.is_some() || set.uid.is_some() || set.gid.is_some() || explicit(set.atime) || explicit(set.mtime) {
+        let now_alone = set.size.is_none()
+            && matches!((set.atime, set.mtime), (Some(TimeSet::Now), None) | (None, Some(TimeSet::Now)));
+        if set.mode.is_some()
+            || set.uid.is_some()
+            || set.gid.is_some()
+            || explicit(set.atime)
+            || explicit(set.mtime)
+            || now_alone
+        {
             deny_change(&node)?;
         }
         if set.atime.is_some() || set.mtime.is_some() {
@@ -1022,7 +1033,7 @@ impl Fs {
         }
         let pick = |s: TimeSet| match s {
             TimeSet::Now => t,
-            TimeSet::At(x) => x,
+            TimeSet::At(x) | TimeSet::Current(x) => x,
         };
         if let Some(a) = set.atime {
             node.d.atime = pick(a);
@@ -1326,6 +1337,13 @@ impl Fs {
         let node = cell.lock();
         if node.freed {
             return Err(Error::not_found(format!("inode {ino} is not in use")));
+        }
+        // Without a name or a handle it is deleted (as after ext4's last iput), even
+        // if freeing it was left to the commit: its pages may be dropped already, and
+        // a block the journal carries would read as it was before its last fsync. (The
+        // FUSE mount holds a handle for each kernel lookup, so the kernel never asks.)
+        if node.d.nlink == 0 && cell.opens.load(std::sync::atomic::Ordering::Acquire) == 0 {
+            return Err(Error::not_found(format!("inode {ino} was deleted")));
         }
         cell.opens.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         let md = attr(ino, &node);
