@@ -426,10 +426,18 @@ impl PageCache {
             g.failed = true;
         }
         page.cond.notify_all();
-        let mut m = self.shard(page.key).map.write();
+        let shard = self.shard(page.key);
+        let mut m = shard.map.write();
         if m.pages.get(&page.key).is_some_and(|p| std::ptr::eq(&**p, page)) {
             m.pages.remove(&page.key);
             self.pages.fetch_sub(1, Ordering::Relaxed);
+            // Its key leaves the dirty set too (a page of that key made later is
+            // listed by its own writer): a stale key would count as dirty until the
+            // file's next write-back.
+            let mut d = shard.dirty.lock();
+            if d.remove(&page.key) {
+                self.dirty.fetch_sub(1, Ordering::Relaxed);
+            }
         }
         // Under the map's write lock, after the removal: no writer lists the page
         // (`mark_dirty_range` holds the map's read lock) and sets the flag again.
@@ -448,13 +456,20 @@ impl PageCache {
     pub fn mark_dirty_if_held(&self, page: &Arc<Page>) {
         let shard = self.shard(page.key);
         let m = shard.map.read();
-        if m.pages.get(&page.key).is_some_and(|p| Arc::ptr_eq(p, page)) && shard.dirty.lock().insert(page.key) {
-            self.dirty.fetch_add(1, Ordering::Relaxed);
+        if m.pages.get(&page.key).is_some_and(|p| Arc::ptr_eq(p, page)) {
+            // Counted under the set's lock (see `mark_dirty`).
+            let mut d = shard.dirty.lock();
+            if d.insert(page.key) {
+                self.dirty.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 
     pub fn mark_dirty(&self, key: Key) {
-        if self.shard(key).dirty.lock().insert(key) {
+        // Counted under the set's lock, as `take_dirty` uncounts: a take between the
+        // insert and the count would make the count wrap.
+        let mut d = self.shard(key).dirty.lock();
+        if d.insert(key) {
             self.dirty.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -474,11 +489,12 @@ impl PageCache {
                     p.listed.store(true, Ordering::Release);
                 }
             }
-            drop(d);
-            drop(m);
+            // Counted under the set's lock (see `mark_dirty`).
             if added > 0 {
                 self.dirty.fetch_add(added, Ordering::Relaxed);
             }
+            drop(d);
+            drop(m);
             idx = end;
         }
     }

@@ -51,6 +51,22 @@ impl PageData {
         self.patch_bytes() as isize - before as isize
     }
 
+    /// Whether the patches together cover every byte of the page (its old data is
+    /// then not needed at all).
+    pub fn patches_cover_page(&self) -> bool {
+        let mut runs: Vec<(usize, usize)> =
+            self.patches.iter().map(|p| (p.offset as usize, p.offset as usize + p.data.len())).collect();
+        runs.sort_unstable();
+        let mut covered = 0;
+        for (s, e) in runs {
+            if s > covered {
+                return false;
+            }
+            covered = covered.max(e);
+        }
+        covered >= BLOCK_SIZE
+    }
+
     /// Bytes held in patches.
     pub fn patch_bytes(&self) -> usize {
         self.patches.iter().map(|p| p.data.len()).sum()
@@ -162,19 +178,30 @@ impl FsInner {
         // The patches are taken, so that no one settles them a second time (a truncate
         // that waited for this page), and the page marked failed under the same lock:
         // a writer that finds it fetching after this adds no patch to be lost unseen.
-        let lost = {
-            let mut g = page.lock();
-            g.failed = true;
-            std::mem::take(&mut g.patches).iter().map(|p| p.data.len()).sum()
-        };
+        let mut g = page.lock();
+        // Writes that covered the whole page need none of its old data: the page is
+        // theirs, dirty, and not lost (a whole-page write joins a fetch in flight as a
+        // patch; it is also how a bad sector gets rewritten).
+        if g.patches_cover_page() {
+            self.settle_patches(g.patch_bytes());
+            page.complete(g, self.dev.alloc_zeroed(BLOCK_SIZE));
+            return;
+        }
+        let lost: usize = std::mem::take(&mut g.patches).iter().map(|p| p.data.len()).sum();
         if lost > 0 {
-            self.settle_patches(lost);
+            // Recorded before the page is seen failed (the page's lock is held; the
+            // errors' lock is a leaf): whoever waited for the page (an fsync settling
+            // its pages, the freeing of the inode) finds the loss recorded.
             let mut errors = self.fetch_errors.lock();
             self.any_lost.store(true, std::sync::atomic::Ordering::Release);
             let e = errors.entry(ino).or_default();
             e.seq += 1;
             e.seen = false;
-            drop(errors);
+        }
+        g.failed = true;
+        drop(g);
+        if lost > 0 {
+            self.settle_patches(lost);
             tracing::error!(
                 ino,
                 page = page.key.1,

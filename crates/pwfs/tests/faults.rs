@@ -71,6 +71,41 @@ fn read_error_is_reported_and_not_fatal() {
     fs.unmount().unwrap();
 }
 
+/// A write stopped by a page it cannot read gives back the space it reserved for the
+/// pages after it, also for one that was in the cache already (a hole read as zeros,
+/// which stays clean): before, that reservation stayed until the file was truncated
+/// or deleted, and the file system ran out of space early.
+#[test]
+fn a_write_stopped_by_a_failed_read_gives_back_what_it_reserved() {
+    let image = formatted_image(16 * MIB, &MkfsOptions::default());
+    let (dev, fs) = sim_fs(image, SimConfig::default(), Config { fetch: pwfs::FetchPolicy::Blocking, ..test_config() });
+    fs.write_file("/f", &[1u8; 4096]).unwrap();
+    let f = OpenOptions::new().read(true).write(true).open(&fs, "/f").unwrap();
+    // Pages 1 and 2 a hole; page 2 cached (as zeros, clean), page 0 on disk only.
+    f.set_len(3 * 4096).unwrap();
+    fs.sync().unwrap();
+    fs.evict_cache().unwrap();
+    let mut page = vec![9u8; 4096];
+    assert_eq!(f.read_at(&mut page, 2 * 4096).unwrap(), 4096);
+    assert!(page.iter().all(|b| *b == 0));
+    let before = fs.statfs();
+    dev.set_config(SimConfig { read_fail: 1.0, ..Default::default() });
+    assert_eq!(errno(f.write_at(&vec![5u8; 3 * 4096 - 100], 100)), libc::EIO, "page 0 cannot be read");
+    dev.set_config(SimConfig::default());
+    let after = fs.statfs();
+    assert_eq!((after.blocks_free, after.blocks_available), (before.blocks_free, before.blocks_available));
+    // And the write, once it can read, reserves and uses them as any.
+    f.write_at(&vec![5u8; 3 * 4096 - 100], 100).unwrap();
+    f.sync_all().unwrap();
+    let mut want = vec![1u8; 100];
+    want.extend(vec![5u8; 3 * 4096 - 100]);
+    assert_eq!(fs.read_file("/f").unwrap(), want);
+    assert_eq!(fs.statfs().blocks_free, before.blocks_free - 2);
+    drop(f);
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}
+
 /// A truncate whose tail page cannot be read fails with EIO and leaves the file as it
 /// was: its dirty pages past the new end (never written back) are still there.
 #[test]

@@ -100,6 +100,38 @@ fn a_failed_fetch_after_the_write_returned_is_reported_by_fsync() {
     assert!(fs.poisoned().is_none(), "a failed read does not poison");
 }
 
+/// A write of a whole page that joins a fetch of that page in flight (as a patch)
+/// needs none of its old data: when the read fails, the page is the write's, dirty,
+/// and nothing is lost (it is how a bad sector gets rewritten). Before, the write was
+/// dropped with the failed page and reported lost.
+#[test]
+fn a_whole_page_written_during_a_failing_fetch_of_it_is_kept() {
+    let (dev, fs, mut data) = cold_file(FetchPolicy::Lazy);
+    let f = OpenOptions::new().read(true).write(true).open(&fs, "/f").unwrap();
+    f.write_at(&[7u8; 100], 8192).unwrap();
+    // The fetch of that page (the fsync's) fails after a second; the whole-page write
+    // comes while it is in flight.
+    dev.set_config(SimConfig { read_fail: 1.0, latency: std::time::Duration::from_secs(1), ..Default::default() });
+    let merged = fs.nbw_stats().patches_merged;
+    std::thread::scope(|s| {
+        let syncer = s.spawn(|| f.sync_all());
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        f.write_at(&[9u8; 4096], 8192).unwrap();
+        assert_eq!(fs.nbw_stats().patches_merged, merged + 1, "the write joined the fetch in flight");
+        syncer.join().unwrap().unwrap();
+    });
+    dev.set_config(SimConfig::default());
+    f.sync_all().unwrap();
+    data[8192..12288].fill(9);
+    assert_eq!(fs.read_file("/f").unwrap(), data);
+    fs.evict_cache().unwrap();
+    assert_eq!(fs.read_file("/f").unwrap(), data, "written back");
+    assert_eq!(fs.nbw_stats().patch_bytes, 0);
+    drop(f);
+    fs.unmount().unwrap();
+    fsck_clean(&*dev);
+}
+
 /// A front end that caches file data (the FUSE mount's kernel page cache) is told of
 /// each page whose acknowledged writes were lost, so that it drops its copy.
 #[test]

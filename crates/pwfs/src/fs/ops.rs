@@ -12,6 +12,10 @@ use super::{Fs, FsInner};
 use crate::aios::Trace;
 use crate::cache::PageState;
 use crate::commit::{entry_cost, Need};
+
+/// Pages a write reserves space for (unmapped, not reserved yet) and pages whose
+/// unwritten blocks write-back will mark written (room for the split runs).
+type Needs = (Vec<u64>, Vec<u64>);
 use crate::config::Stack;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::{self as f, BLOCK, BLOCK_SIZE};
@@ -1544,7 +1548,8 @@ impl Fs {
         let ino = cell.ino;
         self.inner.check_writable()?;
         // `end`: short of the data's end where the largest file size cuts it.
-        let (size, offset, end, stamp) = self.begin_write(cell, offset, data.len() as u64, append)?;
+        let (size, offset, end, stamp, (reserved, converting)) =
+            self.begin_write(cell, offset, data.len() as u64, append)?;
         if end == offset {
             return Ok((offset, 0));
         }
@@ -1675,20 +1680,23 @@ impl Fs {
         }
         // Pages this write put in the cache and did not get to (an earlier page's fetch
         // failed) are nobody's to fill: they leave the cache, and their waiters get EIO.
-        let mut abandoned = Vec::new();
-        for ((p, new), idx) in pages {
+        for ((p, new), _) in pages {
             if new {
                 self.inner.cache.fail(&p);
-                abandoned.push(idx);
             }
         }
-        if !abandoned.is_empty() {
-            // Their space was reserved by this write (a page reserved before would be
-            // in the cache, dirty): it is free again.
+        // What this write reserved, or began converting, for the pages it did not
+        // write (from the one that failed on) goes back: no write-back will use it. A
+        // page there that was in the cache already (a hole read as zeros) stays clean,
+        // and kept its reservation for good before. Other writers wait for this
+        // file's lock, so nothing else was added for these pages meanwhile.
+        let unreserve: Vec<u64> = reserved.into_iter().filter(|i| *i >= dirtied).collect();
+        let unconvert: Vec<u64> = converting.into_iter().filter(|i| *i >= dirtied).collect();
+        if !unreserve.is_empty() || !unconvert.is_empty() {
             let mut m = self.meta();
             let mut node = cell.lock();
-            let n = abandoned.iter().filter(|i| node.reserved.remove(i)).count() as i64;
-            for i in &abandoned {
+            let n = unreserve.iter().filter(|i| node.reserved.remove(i)).count() as i64;
+            for i in &unconvert {
                 node.converting.remove(i);
             }
             drop(node);
@@ -1755,11 +1763,8 @@ impl Fs {
         offset: u64,
         len: u64,
         append: bool,
-    ) -> Result<(u64, u64, u64, Option<f::Timespec>)> {
+    ) -> Result<(u64, u64, u64, Option<f::Timespec>, Needs)> {
         let ino = cell.ino;
-        // Pages to reserve space for (unmapped, not reserved yet) and pages whose
-        // unwritten blocks write-back will mark written (room for the split runs).
-        type Needs = (Vec<u64>, Vec<u64>);
         let check = |node: &Inode| -> Result<(u64, u64, u64, Needs)> {
             if node.freed {
                 return Err(Error::not_found(format!("inode {ino} is not in use")));
@@ -1792,16 +1797,16 @@ impl Fs {
             let mut node = cell.lock();
             let (size, offset, end, (need, conv)) = check(&node)?;
             if len == 0 {
-                return Ok((size, offset, end, None));
+                return Ok((size, offset, end, None, Needs::default()));
             }
             let t = write_time(&node);
             if need.is_empty() && conv.is_empty() {
                 if end <= size && node.d.mtime == t && node.d.ctime == t {
-                    return Ok((size, offset, end, None));
+                    return Ok((size, offset, end, None, Needs::default()));
                 }
                 if node.register(&self.inner.tx, Some(self.inner.tx_room())) {
                     node.pins += 1;
-                    return Ok((size, offset, end, Some(t)));
+                    return Ok((size, offset, end, Some(t), Needs::default()));
                 }
                 drop(node);
                 self.inner.commit()?;
@@ -1824,14 +1829,14 @@ impl Fs {
             let mut node = m.inode(ino)?;
             let (size, offset, end, (need, conv)) = check(&node)?;
             let n = need.len() as u64;
-            node.reserved.extend(need);
-            node.converting.extend(conv);
+            node.reserved.extend(need.iter().copied());
+            node.converting.extend(conv.iter().copied());
             node.pins += 1;
             node.register(&tx, None);
             let t = write_time(&node);
             drop(node);
             m.add_reserved(n as i64);
-            return Ok((size, offset, end, Some(t)));
+            return Ok((size, offset, end, Some(t), (need, conv)));
         }
     }
 
