@@ -170,6 +170,7 @@ impl FsInner {
             .map(|(ino, n)| (self.inodes.get(ino).map_or(0, |c| c.dirtied_in.load(Ordering::Relaxed)), ino, n))
             .collect();
         files.sort_unstable();
+        let all = files.len();
         let mut picked = BTreeSet::new();
         let mut sum = 0;
         for (_, ino, n) in files {
@@ -179,7 +180,16 @@ impl FsInner {
             picked.insert(ino);
             sum += n;
         }
-        self.writeback_of(Some(&picked)).map(|_| ())
+        let before = self.stats.data_writes.load(Ordering::Relaxed);
+        self.writeback_of(Some(&picked))?;
+        // The files taken had nothing that could go now (blocks the journal carries
+        // wait for a commit, pages for their fetch): the others go, rather than the
+        // round ending with nothing written and throttled writers waiting for the
+        // next.
+        if picked.len() < all && self.stats.data_writes.load(Ordering::Relaxed) == before {
+            self.writeback_of(None)?;
+        }
+        Ok(())
     }
 
     /// Write dirty data home without committing: frees the cache for more writes.
