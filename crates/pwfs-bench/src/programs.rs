@@ -112,7 +112,7 @@ impl Place {
                     let started = socket.and_then(|socket| {
                         let dev = std::fs::metadata(mnt)?.dev();
                         let server = pwfs_shim::server::Server::start(socket, fs.clone())?;
-                        server.attach(dev, Box::new(move |ino| view.changed(ino)));
+                        server.attach(dev, mnt, Box::new(move |ino| view.changed(ino)));
                         Ok(server)
                     });
                     match started {

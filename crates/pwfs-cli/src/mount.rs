@@ -284,7 +284,7 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
     if let Some(server) = SHIM.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
         let view = mounted.view();
         match std::fs::metadata(mountpoint) {
-            Ok(m) => server.attach(m.dev(), Box::new(move |ino| view.changed(ino))),
+            Ok(m) => server.attach(m.dev(), mountpoint, Box::new(move |ino| view.changed(ino))),
             Err(e) => out += &format!("pwfs: warning: the shim cannot serve: {}: {e}\n", mountpoint.display()),
         }
     }
@@ -600,7 +600,7 @@ fn canonical(mountpoint: &Path) -> PathBuf {
     })
 }
 
-/// `RUN_DIR/<mount point, escaped as systemd-escape --path does>.EXT`
+/// `RUN_DIR/<mount point, '/' as '-' (see `runtime_name`)>.EXT`
 /// (`pwfs_shim::proto::runtime_name`: /mnt/pwfs is `mnt-pwfs`).
 fn runtime_file(mountpoint: &Path, ext: &str) -> PathBuf {
     use std::os::unix::ffi::{OsStrExt, OsStringExt};

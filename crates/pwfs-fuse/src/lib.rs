@@ -116,6 +116,8 @@ const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
 /// `FS_IOC_GETVERSION` (`_IOR('v', 1, long)`; ext4 stores an int): the inode's
 /// generation, which `lsattr -v` shows and NFS file handles carry.
 const FS_IOC_GETVERSION: u32 = 0x8008_7601;
+/// Its 32-bit encoding (`_IOR('v', 1, int)`).
+const FS_IOC32_GETVERSION: u32 = 0x8004_7601;
 const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
 /// FS_XFLAG_IMMUTABLE, FS_XFLAG_APPEND, FS_XFLAG_NOATIME and their FS_*_FL.
 const XFLAGS: [(u32, u32); 3] =
@@ -142,7 +144,10 @@ struct PwFuse {
     /// engine handle (like an open file), so an unlinked inode is not freed and its
     /// number not reused before the kernel forgets it: FUSE node ids must stay unique
     /// until then.
-    lookups: std::sync::Mutex<std::collections::HashMap<u64, u64>>,
+    /// With each count, the generation of the inode counted: the kernel's node id is
+    /// the inode number, and an entry for an inode freed and its number taken since
+    /// must not reach the kernel as that number.
+    lookups: std::sync::Mutex<std::collections::HashMap<u64, (u64, u32)>>,
     /// Sends invalidations to the kernel (set once the session exists).
     notifier: Arc<OnceLock<fuser::Notifier>>,
     /// What the kernel may hold of files changed behind its back (the shim's writes).
@@ -309,7 +314,7 @@ impl PwFuse {
             Ok(m) => {
                 // Freed since its attributes were read (a FORGET racing a lookup by
                 // handle): not handed to the kernel, whose node ids must stay unique.
-                if !self.remember(m.ino) {
+                if !self.remember(&m) {
                     return reply.error(Errno::ENOENT);
                 }
                 let before = self.missed();
@@ -356,7 +361,7 @@ impl PwFuse {
             Ok(m) => {
                 // The open counted for it holds the inode; without one (`uncount`
                 // false) a racing unlink may have freed it.
-                let held = self.remember(m.ino);
+                let held = self.remember(&m);
                 if uncount {
                     self.fs.release_ino(m.ino);
                 }
@@ -372,19 +377,32 @@ impl PwFuse {
         }
     }
 
-    /// Count a new reference of the kernel's to `ino` (an entry about to be sent);
-    /// false, counting nothing, if the inode is gone: the entry must not be sent.
-    fn remember(&self, ino: u64) -> bool {
+    /// Count a new reference of the kernel's to the inode of `m` (an entry about to be
+    /// sent); false, counting nothing, if that inode is gone (freed, or its number
+    /// taken by a new file since `m` was read: its generation differs): the entry must
+    /// not be sent.
+    fn remember(&self, m: &Metadata) -> bool {
+        let ino = m.ino;
         let mut l = self.lookups.lock().expect("lookup table");
-        if let Some(n) = l.get_mut(&ino) {
+        if let Some((n, generation)) = l.get_mut(&ino) {
+            if *generation != m.generation {
+                return false;
+            }
             *n += 1;
             return true;
         }
-        if self.fs.open_ino(ino).is_err() {
-            return false;
+        match self.fs.open_ino(ino) {
+            Ok(now) if now.generation == m.generation => {
+                l.insert(ino, (1, m.generation));
+                true
+            }
+            Ok(_) => {
+                drop(l);
+                self.fs.release_ino(ino);
+                false
+            }
+            Err(_) => false,
         }
-        l.insert(ino, 1);
-        true
     }
 
     /// After a shutdown: drop what the kernel caches (attributes, pages) of every inode
@@ -429,7 +447,7 @@ impl PwFuse {
         let last = {
             let mut l = self.lookups.lock().expect("lookup table");
             match l.get_mut(&ino) {
-                Some(c) => {
+                Some((c, _)) => {
                     *c = c.saturating_sub(n);
                     let last = *c == 0;
                     if last {
@@ -707,7 +725,7 @@ impl Filesystem for PwFuse {
     fn destroy(&mut self) {
         // The kernel sends no forgets at unmount: drop its references here, so that
         // files unlinked while it held them are freed by the final sync.
-        let held: Vec<(u64, u64)> = self.lookups.lock().expect("lookup table").drain().collect();
+        let held: Vec<(u64, (u64, u32))> = self.lookups.lock().expect("lookup table").drain().collect();
         for (ino, _) in held {
             self.fs.release_ino(ino);
         }
@@ -985,6 +1003,15 @@ impl Filesystem for PwFuse {
             true => PrivChange::CachedWrite,
             false => PrivChange::Write,
         };
+        // An append-only file takes writes only from O_APPEND descriptors: the open
+        // that ext4 refuses was not sent here (write-through mode has no open requests).
+        // The kernel's own write-back of cached pages carries no descriptor's flags.
+        // Before anything is cleared: a refused write changes nothing.
+        if !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
+            if let Err(e) = self.fs.check_fd_write(ino.0, flags.0 & libc::O_APPEND != 0) {
+                return reply.error(errno(e));
+            }
+        }
         let in_group = |gid| member(req, gid);
         let setid = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         match self.fs.kill_privs(ino.0, setid.then_some(&in_group as &dyn Fn(u32) -> bool), change) {
@@ -1004,14 +1031,6 @@ impl Filesystem for PwFuse {
         // end instead, and if that is not where the kernel put the data in its pages,
         // the kernel's copy is dropped (on another thread: this write's pages are
         // locked until it is answered).
-        // An append-only file takes writes only from O_APPEND descriptors: the open
-        // that ext4 refuses was not sent here (write-through mode has no open requests).
-        // The kernel's own write-back of cached pages carries no descriptor's flags.
-        if !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
-            if let Err(e) = self.fs.check_fd_write(ino.0, flags.0 & libc::O_APPEND != 0) {
-                return reply.error(errno(e));
-            }
-        }
         self.view.touch(ino.0);
         // (The write-back cache sends whole pages at their place and asks for the size
         // itself before an append.)
@@ -1280,7 +1299,7 @@ impl Filesystem for PwFuse {
                     let dot = e.name == b"." || e.name == b"..";
                     // Counted before it is handed over; one freed meanwhile is left
                     // out, as one removed is.
-                    if !dot && !self.remember(md.ino) {
+                    if !dot && !self.remember(&md) {
                         continue;
                     }
                     let md = self.fresh(md);
@@ -1435,9 +1454,9 @@ impl Filesystem for PwFuse {
                     Err(e) => reply.error(errno(e)),
                 };
             }
-            FS_IOC_GETVERSION => {
+            FS_IOC_GETVERSION | FS_IOC32_GETVERSION => {
                 return match self.fs.getattr(ino.0) {
-                    Ok(m) => reply.ioctl(0, &generation(&m).0.to_ne_bytes()[..4]),
+                    Ok(m) => reply.ioctl(0, &(generation(&m).0 as u32).to_ne_bytes()),
                     Err(e) => reply.error(errno(e)),
                 };
             }
@@ -2007,16 +2026,35 @@ mod tests {
         };
         fs.write_file("/held", b"x").unwrap();
         fs.write_file("/gone", b"y").unwrap();
-        let (held, gone) = (fs.metadata("/held").unwrap().ino, fs.metadata("/gone").unwrap().ino);
-        assert!(pw.remember(held));
+        let (held_md, gone_md) = (fs.metadata("/held").unwrap(), fs.metadata("/gone").unwrap());
+        let (held, gone) = (held_md.ino, gone_md.ino);
+        assert!(pw.remember(&held_md));
         fs.remove_file("/held").unwrap();
         fs.remove_file("/gone").unwrap();
         assert!(fs.getattr(held).is_ok(), "a counted reference holds the unlinked inode");
         assert!(fs.getattr(gone).is_err(), "nothing held the other one");
-        assert!(!pw.remember(gone), "a freed inode is not handed out");
+        assert!(!pw.remember(&gone_md), "a freed inode is not handed out");
         assert!(!pw.lookups.lock().unwrap().contains_key(&gone), "and leaves no count behind");
         pw.forget_n(held, 1);
         assert!(fs.getattr(held).is_err(), "freed once the kernel forgets it");
+        // The freed number taken by a new file: the old attributes are not handed out
+        // as that number, whether the kernel holds the new file or not.
+        let reused = (0..8)
+            .map(|i| {
+                let p = format!("/new{i}");
+                fs.write_file(&p, b"n").unwrap();
+                fs.metadata(&p).unwrap()
+            })
+            .find(|m| m.ino == gone)
+            .expect("a new file takes the freed number");
+        assert_ne!(reused.generation, gone_md.generation);
+        assert!(!pw.remember(&gone_md), "stale attributes of a reused number, not held");
+        assert!(!pw.lookups.lock().unwrap().contains_key(&gone), "and no count left behind");
+        assert!(fs.getattr(gone).is_ok(), "nor the new file's handle taken away");
+        assert!(pw.remember(&reused));
+        assert!(!pw.remember(&gone_md), "stale attributes of a reused number, held");
+        assert_eq!(pw.lookups.lock().unwrap()[&gone].0, 1);
+        pw.forget_n(gone, 1);
         drop(pw);
         fs.unmount().unwrap();
     }

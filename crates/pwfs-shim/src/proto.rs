@@ -218,11 +218,14 @@ impl Msg {
     }
 }
 
-/// The name of a mount point's files in /run/pwfs (without the extension), escaped
-/// as `systemd-escape --path` does: the slashes at either end dropped, '/' turned '-',
-/// every byte but ASCII letters, digits, ':', '_' and a '.' that does not lead turned
-/// `\xNN`; the root is "-". One name per mount point and back (`runtime_unescape`):
-/// "/mnt/a-b" and "/mnt/a/b" are "mnt-a\x2db" and "mnt-a-b".
+/// The name of a mount point's files in /run/pwfs (without the extension), in the
+/// manner of `systemd-escape --path`: the slashes at either end dropped, '/' turned
+/// '-', and '-', '\\', '%' and a leading '.' turned `\xNN`; every other byte kept as it
+/// is (a name with spaces or UTF-8 stays as short as it was: a socket's path must fit
+/// 108 bytes); the root is "-". One name per mount point and back
+/// (`runtime_unescape`): "/mnt/a-b" and "/mnt/a/b" are "mnt-a\x2db" and "mnt-a-b".
+/// Names in the older form ('/' as '%', before 2026-11-25) start with '%', which no
+/// name of this form has.
 pub fn runtime_name(mountpoint: &[u8]) -> Vec<u8> {
     let mut start = 0;
     let mut end = mountpoint.len();
@@ -240,18 +243,21 @@ pub fn runtime_name(mountpoint: &[u8]) -> Vec<u8> {
     for (i, &c) in path.iter().enumerate() {
         match c {
             b'/' => out.push(b'-'),
-            b'.' if i > 0 => out.push(c),
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b':' | b'_' => out.push(c),
-            _ => out.extend_from_slice(format!("\\x{c:02x}").as_bytes()),
+            b'-' | b'\\' | b'%' => out.extend_from_slice(format!("\\x{c:02x}").as_bytes()),
+            b'.' if i == 0 => out.extend_from_slice(b"\\x2e"),
+            _ => out.push(c),
         }
     }
     out
 }
 
-/// The mount point a `runtime_name` stands for.
+/// The mount point a `runtime_name` (or a name of the older form) stands for.
 pub fn runtime_unescape(name: &[u8]) -> Vec<u8> {
     if name == b"-" {
         return b"/".to_vec();
+    }
+    if name.first() == Some(&b'%') {
+        return name.iter().map(|&c| if c == b'%' { b'/' } else { c }).collect();
     }
     let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
     let mut out = vec![b'/'];
@@ -459,7 +465,7 @@ mod tests {
 
     #[test]
     fn the_socket_is_named_after_the_mount_point() {
-        assert_eq!(socket_path(b"/mnt/a b"), b"/run/pwfs/mnt-a\\x20b.shim".to_vec());
+        assert_eq!(socket_path(b"/mnt/a b"), b"/run/pwfs/mnt-a b.shim".to_vec());
         assert_eq!(Op::from_u32(Op::Syncfs as u32), Some(Op::Syncfs));
         assert_eq!(Op::from_u32(0), None);
     }
@@ -468,7 +474,7 @@ mod tests {
     /// a name is escaped), and each name leads back to its mount point.
     #[test]
     fn runtime_names_are_one_per_mount_point() {
-        let cases: [(&[u8], &[u8]); 8] = [
+        let cases: [(&[u8], &[u8]); 9] = [
             (b"/", b"-"),
             (b"/mnt/pwfs", b"mnt-pwfs"),
             (b"/mnt/a-b", b"mnt-a\\x2db"),
@@ -476,7 +482,8 @@ mod tests {
             (b"/mnt/a%b", b"mnt-a\\x25b"),
             (b"/mnt/.hidden/x.y", b"mnt-.hidden-x.y"),
             (b"/.a", b"\\x2ea"),
-            (b"/t/\\x2d\xff", b"t-\\x5cx2d\\xff"),
+            (b"/t/\\x2d\xff", b"t-\\x5cx2d\xff"),
+            (b"/home/j\xc3\xb6rg/My Files", b"home-j\xc3\xb6rg-My Files"),
         ];
         for (mp, name) in cases {
             assert_eq!(runtime_name(mp), name.to_vec(), "{}", String::from_utf8_lossy(mp));
@@ -484,5 +491,8 @@ mod tests {
         }
         let names: std::collections::HashSet<Vec<u8>> = cases.iter().map(|(mp, _)| runtime_name(mp)).collect();
         assert_eq!(names.len(), cases.len());
+        assert!(names.iter().all(|n| n.first() != Some(&b'%')));
+        // A socket of a daemon started before the names changed.
+        assert_eq!(runtime_unescape(b"%mnt%pwfs"), b"/mnt/pwfs".to_vec());
     }
 }

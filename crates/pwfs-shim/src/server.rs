@@ -74,6 +74,10 @@ struct Shared {
     /// The mount: st_dev of its files, and what to tell of a change (set by `attach`
     /// once the mount is up; registrations wait for it).
     mount: std::sync::OnceLock<(u64, Changed)>,
+    /// The mount's unique id (statx STATX_MNT_ID_UNIQUE, Linux 6.8+; None before):
+    /// once the mount is gone, its device number can go to another FUSE mount, which
+    /// anyone may make, before this server stops.
+    mount_id: std::sync::OnceLock<Option<u64>>,
     attached: (std::sync::Mutex<bool>, std::sync::Condvar),
     closing: AtomicBool,
     sessions: Mutex<Vec<Weak<Session>>>,
@@ -284,6 +288,7 @@ impl Server {
         let shared = Arc::new(Shared {
             fs,
             mount: std::sync::OnceLock::new(),
+            mount_id: std::sync::OnceLock::new(),
             attached: (std::sync::Mutex::new(false), std::sync::Condvar::new()),
             closing: AtomicBool::new(false),
             sessions: Mutex::new(Vec::new()),
@@ -304,9 +309,11 @@ impl Server {
         Ok(Server { shared, path, id: (m.dev(), m.ino()), listener })
     }
 
-    /// The mount is up: its files have st_dev `dev`, and `changed` drops what the
-    /// kernel caches of an inode.
-    pub fn attach(&self, dev: u64, changed: Changed) {
+    /// The mount is up: its files have st_dev `dev`, its root is `root` (for its
+    /// kernel mount id, see `register`), and `changed` drops what the kernel caches of
+    /// an inode.
+    pub fn attach(&self, dev: u64, root: &std::path::Path, changed: Changed) {
+        let _ = self.shared.mount_id.set(unique_mount_id(root, None));
         let _ = self.shared.mount.set((dev, changed));
         let (lock, cv) = &self.shared.attached;
         *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
@@ -535,6 +542,21 @@ fn session(shared: Arc<Shared>, sock: OwnedFd) {
     drop(handles);
 }
 
+/// The unique id of the mount `path` (or, with `fd`, that descriptor) is on: None
+/// where the kernel has none (before 6.8) or the call fails.
+pub fn unique_mount_id(path: &std::path::Path, fd: Option<i32>) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let (dirfd, flags) = match fd {
+        Some(fd) => (fd, libc::AT_EMPTY_PATH),
+        None => (libc::AT_FDCWD, libc::AT_SYMLINK_NOFOLLOW),
+    };
+    // SAFETY: a NUL-terminated path and a zeroed statx buffer the call fills.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::statx(dirfd, c.as_ptr(), flags, libc::STATX_MNT_ID_UNIQUE, &mut stx) };
+    (r == 0 && stx.stx_mask & libc::STATX_MNT_ID_UNIQUE != 0).then_some(stx.stx_mnt_id)
+}
+
 /// Check the descriptor a client passed and open its inode: (handle, whether it appends).
 fn register(shared: &Shared, s: &Session, fd: &OwnedFd) -> Result<(u64, bool), i32> {
     // SAFETY: fstat/fcntl of a descriptor we hold, into a zeroed stat buffer.
@@ -548,6 +570,13 @@ fn register(shared: &Shared, s: &Session, fd: &OwnedFd) -> Result<(u64, bool), i
     let dev = shared.mount().map(|m| m.0).ok_or(libc::EAGAIN)?;
     if st.st_dev != dev || st.st_mode & libc::S_IFMT != libc::S_IFREG || flags < 0 {
         return Err(libc::EXDEV);
+    }
+    // The same device number on another mount (ours unmounted, the number given to a
+    // new one): not ours.
+    if let Some(Some(ours)) = shared.mount_id.get() {
+        if unique_mount_id(std::path::Path::new(""), Some(fd.as_raw_fd())) != Some(*ours) {
+            return Err(libc::EXDEV);
+        }
     }
     // An O_PATH descriptor reads and writes nothing.
     if flags & libc::O_PATH != 0 {
@@ -778,6 +807,22 @@ fn sync_file(f: &pwfs::File, datasync: bool) -> pwfs::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Descriptors on another mount than the attached one have another unique mount
+    /// id (where the kernel has them), whatever their device number.
+    #[test]
+    fn mounts_are_told_apart_by_their_unique_id() {
+        let here = unique_mount_id(std::path::Path::new("/proc/self"), None);
+        let Some(proc_id) = here else {
+            eprintln!("skipping: no STATX_MNT_ID_UNIQUE on this kernel");
+            return;
+        };
+        let f = std::fs::File::open("/proc/self/status").unwrap();
+        assert_eq!(unique_mount_id(std::path::Path::new(""), Some(f.as_raw_fd())), Some(proc_id));
+        let dir = std::env::temp_dir();
+        let tmp = unique_mount_id(&dir, None).expect("a mount id for the temporary directory");
+        assert_ne!(tmp, proc_id, "/proc is a mount of its own");
+    }
 
     #[test]
     fn a_slab_reuses_freed_slots_and_refuses_unknown_ones() {

@@ -174,7 +174,8 @@ pub(crate) fn fetcher_thread(fs: Weak<FsInner>, rx: std::sync::mpsc::Receiver<Fe
 impl FsInner {
     /// A fetch failed: waiters get EIO, the page leaves the cache, and if writes had
     /// already returned with patches on it, the file's next fsync reports the loss.
-    fn fail_page(&self, ino: u64, page: &Page) {
+    /// Returns false if the page was rescued instead (its patches cover it).
+    fn fail_page(&self, ino: u64, page: &Page) -> bool {
         // The patches are taken, so that no one settles them a second time (a truncate
         // that waited for this page), and the page marked failed under the same lock:
         // a writer that finds it fetching after this adds no patch to be lost unseen.
@@ -185,7 +186,7 @@ impl FsInner {
         if g.patches_cover_page() {
             self.settle_patches(g.patch_bytes());
             page.complete(g, self.dev.alloc_zeroed(BLOCK_SIZE));
-            return;
+            return false;
         }
         let lost: usize = std::mem::take(&mut g.patches).iter().map(|p| p.data.len()).sum();
         if lost > 0 {
@@ -213,6 +214,7 @@ impl FsInner {
             }
         }
         self.cache.fail(page);
+        true
     }
 
     /// A page's patches (`bytes`, 0 if it had none) leave patch memory: applied to its
@@ -347,7 +349,9 @@ impl FsInner {
         let maps = match maps {
             Ok(v) => v,
             Err(e) => {
-                pages.iter().for_each(|p| self.fail_page(ino, p));
+                pages.iter().for_each(|p| {
+                    self.fail_page(ino, p);
+                });
                 return Err(e);
             }
         };
@@ -425,10 +429,14 @@ impl FsInner {
                     again.extend(own.into_iter().filter(|i| *i != DISCARD).map(|i| pages[i].clone()))
                 }
                 Err(e) => {
+                    let mut failed = false;
                     for i in own.into_iter().filter(|i| *i != DISCARD) {
-                        self.fail_page(ino, &pages[i]);
+                        failed |= self.fail_page(ino, &pages[i]);
                     }
-                    err = Some(Error::from(e));
+                    // Pages whose writes covered them all were kept: no error for them.
+                    if failed {
+                        err = Some(Error::from(e));
+                    }
                 }
             }
         }

@@ -374,6 +374,19 @@ fn immutable_and_append_only_flags_are_kept_and_enforced() {
     assert_eq!(errno(fs.fallocate(a, pwfs::fs::FALLOC_FL_PUNCH_HOLE | pwfs::fs::FALLOC_FL_KEEP_SIZE, 0, 1)), eperm);
     fs.fallocate(a, pwfs::fs::FALLOC_FL_KEEP_SIZE, 0, 8192).unwrap();
     assert_eq!(fs.read_file("/a").unwrap(), b"log:onetwo");
+    // Opens, as may_open: write access to an append-only file only with O_APPEND, and
+    // no O_TRUNC; none to an immutable one. Reading is fine.
+    let open = |path: &str, write: bool, append: bool, truncate: bool| {
+        OpenOptions::new().read(true).write(write).append(append).truncate(truncate).open(&fs, path).map(drop)
+    };
+    assert_eq!(errno(open("/a", true, false, false)), eperm, "write without O_APPEND");
+    assert_eq!(errno(open("/a", true, true, true)), eperm, "O_TRUNC");
+    open("/a", true, true, false).unwrap();
+    open("/a", false, false, false).unwrap();
+    assert_eq!(errno(open("/i", true, false, false)), eperm, "immutable");
+    open("/i", false, false, false).unwrap();
+    assert_eq!(errno(fs.open_ino_file(a, true, true, false).map(drop)), eperm, "by number too");
+    fs.open_ino_file(a, true, true, true).unwrap();
     // An append-only directory takes new names, but loses none, not even to a rename
     // onto one of them.
     fs.create_dir("/ad", 0o755).unwrap();

@@ -644,6 +644,9 @@ impl Fs {
         };
         let ino = md.ino;
         let file = File::new(self, ino, pin.into_cell(), o.read, writable, o.append);
+        if md.kind == FileType::File {
+            super::attrflags::deny_open(&file.cell.lock(), writable, o.append, o.truncate && !created)?;
+        }
         match md.kind {
             // As may_open: O_TRUNC asks for write access, and O_CREAT of a name that
             // is a directory is EISDIR, whatever the access mode.
@@ -691,6 +694,7 @@ impl Fs {
         if md.kind != FileType::File {
             return Err(Error::invalid(format!("inode {ino} is not a regular file")));
         }
+        super::attrflags::deny_open(&file.cell.lock(), write || append, append, false)?;
         Ok(file)
     }
 

@@ -49,6 +49,18 @@ pub(crate) fn deny_write(node: &Inode, offset: u64, append: bool) -> Result<()> 
     Ok(())
 }
 
+/// may_open's rule for chattr flags, for an open of a regular file: no write access to
+/// an immutable file; to an append-only one only with O_APPEND, and no O_TRUNC.
+pub(crate) fn deny_open(node: &Inode, write: bool, append: bool, truncate: bool) -> Result<()> {
+    if write || truncate {
+        deny_immutable(node)?;
+    }
+    if node.d.flags & f::INODE_FLAG_APPEND != 0 && ((write && !append) || truncate) {
+        return Err(Error::not_permitted("the file is append-only: opened for writing without O_APPEND"));
+    }
+    Ok(())
+}
+
 impl Fs {
     /// May a descriptor opened without O_APPEND (`fd_append` false) write to `ino`?
     /// Not to an append-only file: EPERM, as the kernel's `may_open` refuses such an

@@ -454,6 +454,10 @@ impl Fs {
             if node.d.nlink == 0 && !node.linkable {
                 return Err(Error::not_found("file was removed"));
             }
+            // Nameless and with no handle left, it is deleted (see `open_cell`).
+            if node.d.nlink == 0 && m.cell(ino)?.opens.load(std::sync::atomic::Ordering::Acquire) == 0 {
+                return Err(Error::not_found("file was deleted"));
+            }
             deny_change(&node)?;
             let mode = node.d.mode;
             drop(node);
