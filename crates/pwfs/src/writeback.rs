@@ -14,9 +14,11 @@ use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
-/// Data write-back whose requests are placed and on the device (`writeback_begin`).
-/// Dropping it waits for the requests but leaves the pages' buffers with them: it is
-/// always ended with `writeback_end`.
+/// Data write-back whose requests are placed and on the device (`writeback_begin`),
+/// ended with `writeback_end`. Dropped without that (a panic in the commit that
+/// started it), it waits for its requests and gives the pages their buffers back,
+/// still dirty: a page left on loan would keep every later reader and writer of it
+/// waiting for good (the file system is poisoned by the panic and writes no more).
 pub(crate) struct StartedWriteback {
     io: WritebackIo,
     /// The pages, in the order of the requests' buffers.
@@ -34,6 +36,36 @@ pub(crate) enum Wb<'a> {
     Commit(Option<&'a BTreeSet<u64>>),
     /// An fsync of these files, before the commit it may need.
     Sync(&'a BTreeSet<u64>),
+}
+
+impl StartedWriteback {
+    /// Its parts, leaving nothing for `drop` to give back.
+    fn take(&mut self) -> (WritebackIo, Vec<Arc<Page>>, Result<()>) {
+        (
+            std::mem::replace(&mut self.io, WritebackIo::Done(Vec::new())),
+            std::mem::take(&mut self.written),
+            std::mem::replace(&mut self.mapped, Ok(())),
+        )
+    }
+}
+
+impl Drop for StartedWriteback {
+    fn drop(&mut self) {
+        let (io, written, _) = self.take();
+        if written.is_empty() {
+            return;
+        }
+        let done: Vec<crate::device::Done> = match io {
+            WritebackIo::Done(done) => done,
+            WritebackIo::Started(started) => started.into_iter().flat_map(crate::device::Pending::wait).collect(),
+        };
+        let mut written = written.into_iter();
+        for buf in done.into_iter().flat_map(|d| d.bufs) {
+            if let Some(p) = written.next() {
+                p.abort_writeback(buf);
+            }
+        }
+    }
 }
 
 enum WritebackIo {
@@ -341,8 +373,8 @@ impl FsInner {
 
     /// Wait for a write-back's requests and give the pages their buffers back; an
     /// error (of placing or of writing) poisons the file system.
-    pub(crate) fn writeback_end(&self, s: StartedWriteback) -> Result<()> {
-        let StartedWriteback { io, written, mapped } = s;
+    pub(crate) fn writeback_end(&self, mut s: StartedWriteback) -> Result<()> {
+        let (io, written, mapped) = s.take();
         let done = match io {
             WritebackIo::Done(done) => done,
             WritebackIo::Started(started) => started.into_iter().flat_map(crate::device::Pending::wait).collect(),

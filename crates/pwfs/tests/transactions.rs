@@ -229,6 +229,59 @@ fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static)
     rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| panic!("{what} hung"))
 }
 
+/// A panic inside a commit (here the device layer, as the journal is written, with
+/// the commit's data writes done) poisons the file system and leaves no page on loan
+/// to write-back: a read of the pages being written answers (data or EIO) instead of
+/// waiting for good, and the file system can be unmounted.
+#[test]
+fn a_panic_in_a_commit_leaves_no_page_waiting() {
+    use pwfs::device::{Device, Op, OpKind, Pending};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    struct PanicOnJournal {
+        inner: Arc<MemDevice>,
+        armed: AtomicBool,
+        journal: std::ops::Range<u64>,
+    }
+    impl Device for PanicOnJournal {
+        fn len(&self) -> u64 {
+            self.inner.len()
+        }
+        fn name(&self) -> &'static str {
+            "panic-on-journal"
+        }
+        fn start(&self, ops: Vec<Op>) -> Pending {
+            let journal =
+                |o: &Op| matches!(o.kind, OpKind::Write | OpKind::WriteFua) && self.journal.contains(&o.offset);
+            if self.armed.load(Ordering::SeqCst) && ops.iter().any(journal) {
+                panic!("test: the device layer fails as the journal is written");
+            }
+            self.inner.start(ops)
+        }
+    }
+    let mem = Arc::new(MemDevice::new(32 * MIB));
+    let sb = pwfs::mkfs(&*mem, &MkfsOptions::default()).unwrap();
+    let dev = Arc::new(PanicOnJournal {
+        inner: mem,
+        armed: AtomicBool::new(false),
+        journal: sb.journal_start * 4096..(sb.journal_start + sb.journal_blocks) * 4096,
+    });
+    let fs = Fs::mount(dev.clone(), Config { writeback_interval: None, ..test_config() }).unwrap();
+    let f = fs.create("/f").unwrap();
+    f.write_all_at(&vec![7u8; 8 * 4096], 0).unwrap();
+    dev.armed.store(true, Ordering::SeqCst);
+    // A commit of everything (not an fsync, which writes its file's pages back before
+    // it commits): the data writes are in flight as the journal is started.
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fs.sync())).is_err();
+    assert!(panicked, "the commit met the panicking device");
+    assert!(fs.poisoned().is_some(), "a panic in a commit poisons the file system");
+    let fs2 = fs.clone();
+    let read = within("a read of pages written back when the commit panicked", move || fs2.read_file("/f"));
+    assert!(matches!(&read, Ok(d) if *d == vec![7u8; 8 * 4096]) || errno(read.clone()) == libc::EIO, "{read:?}");
+    drop(f);
+    dev.armed.store(false, Ordering::SeqCst);
+    let _ = within("unmount", move || fs.unmount());
+}
+
 /// One write larger than the journal could admit at once (a 64 MiB write reserves
 /// 16,384 pages) goes in pieces instead of failing with ENOSPC.
 #[test]
