@@ -12,15 +12,15 @@ use super::{Fs, FsInner};
 use crate::aios::Trace;
 use crate::cache::PageState;
 use crate::commit::{entry_cost, Need};
-
-/// Pages a write reserves space for (unmapped, not reserved yet) and pages whose
-/// unwritten blocks write-back will mark written (room for the split runs).
-type Needs = (Vec<u64>, Vec<u64>);
 use crate::config::Stack;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::{self as f, BLOCK, BLOCK_SIZE};
 use crate::readahead::RaState;
 use std::sync::atomic::AtomicU64;
+
+/// Pages a write reserves space for (unmapped, not reserved yet) and pages whose
+/// unwritten blocks write-back will mark written (room for the split runs).
+type Needs = (Vec<u64>, Vec<u64>);
 
 /// An inode's extended attributes, (name, value) in name order.
 type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
