@@ -448,6 +448,11 @@ impl PwFuse {
             let mut l = self.lookups.lock().expect("lookup table");
             match l.get_mut(&ino) {
                 Some((c, _)) => {
+                    // The kernel forgets what it was given: more is a counting bug here
+                    // (an inode freed while the kernel still holds it), worth a line.
+                    if n > *c {
+                        say!("pwfs: the kernel forgot {n} references to inode {ino}, which had {c}");
+                    }
                     *c = c.saturating_sub(n);
                     let last = *c == 0;
                     if last {
@@ -456,7 +461,12 @@ impl PwFuse {
                     }
                     last
                 }
-                None => false,
+                None => {
+                    if ino != pwfs::format::ROOT_INO {
+                        say!("pwfs: the kernel forgot {n} references to inode {ino}, which had none");
+                    }
+                    false
+                }
             }
         };
         // After the table's lock: releasing the last hold of an unlinked inode frees
