@@ -551,9 +551,12 @@ pub fn unique_mount_id(path: &std::path::Path, fd: Option<i32>) -> Option<u64> {
         Some(fd) => (fd, libc::AT_EMPTY_PATH),
         None => (libc::AT_FDCWD, libc::AT_SYMLINK_NOFOLLOW),
     };
-    // SAFETY: a NUL-terminated path and a zeroed statx buffer the call fills.
-    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-    let r = unsafe { libc::statx(dirfd, c.as_ptr(), flags, libc::STATX_MNT_ID_UNIQUE, &mut stx) };
+    // SAFETY: statx is plain data (zeroed is valid); the call gets a NUL-terminated
+    // path and that buffer, which it fills.
+    let (r, stx) = unsafe {
+        let mut stx: libc::statx = std::mem::zeroed();
+        (libc::statx(dirfd, c.as_ptr(), flags, libc::STATX_MNT_ID_UNIQUE, &mut stx), stx)
+    };
     (r == 0 && stx.stx_mask & libc::STATX_MNT_ID_UNIQUE != 0).then_some(stx.stx_mnt_id)
 }
 

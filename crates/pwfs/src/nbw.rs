@@ -174,8 +174,9 @@ pub(crate) fn fetcher_thread(fs: Weak<FsInner>, rx: std::sync::mpsc::Receiver<Fe
 impl FsInner {
     /// A fetch failed: waiters get EIO, the page leaves the cache, and if writes had
     /// already returned with patches on it, the file's next fsync reports the loss.
-    /// Returns false if the page was rescued instead (its patches cover it).
-    fn fail_page(&self, ino: u64, page: &Page) -> bool {
+    /// With `rescue`, a page whose patches cover it is kept instead (a failed read):
+    /// returns false then.
+    fn fail_page(&self, ino: u64, page: &Page, rescue: bool) -> bool {
         // The patches are taken, so that no one settles them a second time (a truncate
         // that waited for this page), and the page marked failed under the same lock:
         // a writer that finds it fetching after this adds no patch to be lost unseen.
@@ -183,7 +184,7 @@ impl FsInner {
         // Writes that covered the whole page need none of its old data: the page is
         // theirs, dirty, and not lost (a whole-page write joins a fetch in flight as a
         // patch; it is also how a bad sector gets rewritten).
-        if g.patches_cover_page() {
+        if rescue && g.patches_cover_page() {
             self.settle_patches(g.patch_bytes());
             page.complete(g, self.dev.alloc_zeroed(BLOCK_SIZE));
             return false;
@@ -349,8 +350,9 @@ impl FsInner {
         let maps = match maps {
             Ok(v) => v,
             Err(e) => {
+                // The inode could not be had (not its data): nothing is kept.
                 pages.iter().for_each(|p| {
-                    self.fail_page(ino, p);
+                    self.fail_page(ino, p, false);
                 });
                 return Err(e);
             }
@@ -431,7 +433,7 @@ impl FsInner {
                 Err(e) => {
                     let mut failed = false;
                     for i in own.into_iter().filter(|i| *i != DISCARD) {
-                        failed |= self.fail_page(ino, &pages[i]);
+                        failed |= self.fail_page(ino, &pages[i], true);
                     }
                     // Pages whose writes covered them all were kept: no error for them.
                     if failed {
