@@ -109,19 +109,26 @@ pub fn mkfs_with_progress(
         done += n;
         progress(done, work);
     }
-    let bufs = (0..sb.inode_bitmap_blocks)
-        .map(|i| {
-            let mut buf = dev.alloc_zeroed(BLOCK_SIZE);
-            if i == 0 {
-                buf[0] = 1; // the root inode
-            }
-            f::bitmap_seal(&mut buf, i);
-            buf
-        })
-        .collect();
-    write(sb.inode_bitmap_start, bufs)?;
-    done += sb.inode_bitmap_blocks;
-    progress(done, work);
+    // In batches too: a request of more than 1,024 buffers is refused by the kernel
+    // (IOV_MAX), and past ~33.5 M inodes the inode bitmap has more blocks than that.
+    let mut i = 0;
+    while i < sb.inode_bitmap_blocks {
+        let n = (sb.inode_bitmap_blocks - i).min(BITMAP_BATCH);
+        let bufs = (i..i + n)
+            .map(|i| {
+                let mut buf = dev.alloc_zeroed(BLOCK_SIZE);
+                if i == 0 {
+                    buf[0] = 1; // the root inode
+                }
+                f::bitmap_seal(&mut buf, i);
+                buf
+            })
+            .collect();
+        write(sb.inode_bitmap_start + i, bufs)?;
+        i += n;
+        done += n;
+        progress(done, work);
+    }
     let t = meta::now();
     let root = f::DiskInode {
         mode: f::S_IFDIR | 0o755,

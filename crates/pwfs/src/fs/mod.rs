@@ -340,6 +340,18 @@ impl Fs {
             times: Default::default(),
             config,
         });
+        // Until the mount has succeeded, a failure drops `inner` as a file system shut
+        // down: nothing more is written (no final commit, checkpoint or clean mark) on
+        // an image the mount refused or could not finish.
+        struct Mounting<'a>(&'a FsInner, bool);
+        impl Drop for Mounting<'_> {
+            fn drop(&mut self) {
+                if !self.1 {
+                    self.0.down.store(true, Ordering::Release);
+                }
+            }
+        }
+        let mut mounting = Mounting(&inner, false);
         // The root must be a directory, with its links (the orphan scan would free a
         // root without any).
         {
@@ -391,6 +403,8 @@ impl Fs {
             *inner.ra_queue.lock() = Some(tx);
         }
         inner.handles.store(1, Ordering::Release);
+        mounting.1 = true;
+        drop(mounting);
         Ok((Fs { inner }, report))
     }
 
