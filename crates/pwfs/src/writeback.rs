@@ -49,18 +49,24 @@ impl StartedWriteback {
     }
 }
 
+impl WritebackIo {
+    /// The requests' results, waited for if they are still in flight.
+    fn wait(self) -> Vec<crate::device::Done> {
+        match self {
+            WritebackIo::Done(done) => done,
+            WritebackIo::Started(started) => started.into_iter().flat_map(crate::device::Pending::wait).collect(),
+        }
+    }
+}
+
 impl Drop for StartedWriteback {
     fn drop(&mut self) {
         let (io, written, _) = self.take();
         if written.is_empty() {
             return;
         }
-        let done: Vec<crate::device::Done> = match io {
-            WritebackIo::Done(done) => done,
-            WritebackIo::Started(started) => started.into_iter().flat_map(crate::device::Pending::wait).collect(),
-        };
         let mut written = written.into_iter();
-        for buf in done.into_iter().flat_map(|d| d.bufs) {
+        for buf in io.wait().into_iter().flat_map(|d| d.bufs) {
             if let Some(p) = written.next() {
                 p.abort_writeback(buf);
             }
@@ -375,10 +381,7 @@ impl FsInner {
     /// error (of placing or of writing) poisons the file system.
     pub(crate) fn writeback_end(&self, mut s: StartedWriteback) -> Result<()> {
         let (io, written, mapped) = s.take();
-        let done = match io {
-            WritebackIo::Done(done) => done,
-            WritebackIo::Started(started) => started.into_iter().flat_map(crate::device::Pending::wait).collect(),
-        };
+        let done = io.wait();
         crate::aios::completed();
         if !written.is_empty() {
             self.unflushed.store(true, Ordering::Release);

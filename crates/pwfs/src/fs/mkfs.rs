@@ -88,47 +88,42 @@ pub fn mkfs_with_progress(
     // as the start of a transaction (a fresh start sequence below does the rest).
     write(sb.journal_start + 1, vec![dev.alloc_zeroed(BLOCK_SIZE)])?;
     done += 1;
+    // Both bitmaps, in batches of BITMAP_BATCH blocks: a request of more than 1,024
+    // buffers is refused by the kernel (IOV_MAX), and past ~33.5 M inodes the inode
+    // bitmap alone has more blocks than that. `fill` sets the bits of bitmap block i.
+    let mut bitmap = |start: u64, blocks: u64, fill: &dyn Fn(u64, &mut [u8])| -> Result<()> {
+        let mut i = 0;
+        while i < blocks {
+            let n = (blocks - i).min(BITMAP_BATCH);
+            let bufs = (i..i + n)
+                .map(|i| {
+                    let mut buf = dev.alloc_zeroed(BLOCK_SIZE);
+                    fill(i, &mut buf);
+                    f::bitmap_seal(&mut buf, i);
+                    buf
+                })
+                .collect();
+            write(start + i, bufs)?;
+            i += n;
+            done += n;
+            progress(done, work);
+        }
+        Ok(())
+    };
     // Block bitmap: everything outside the data area is in use.
-    let mut i = 0;
-    while i < sb.block_bitmap_blocks {
-        let n = (sb.block_bitmap_blocks - i).min(BITMAP_BATCH);
-        let bufs = (i..i + n)
-            .map(|i| {
-                let mut buf = dev.alloc_zeroed(BLOCK_SIZE);
-                let first = i * f::BITS_PER_BITMAP_BLOCK;
-                let bits = f::BITS_PER_BITMAP_BLOCK;
-                let local = |blk: u64| blk.clamp(first, first + bits) - first;
-                set_bits(&mut buf, local(0), local(sb.data_start));
-                set_bits(&mut buf, local(sb.data_end), local(total));
-                f::bitmap_seal(&mut buf, i);
-                buf
-            })
-            .collect();
-        write(sb.block_bitmap_start + i, bufs)?;
-        i += n;
-        done += n;
-        progress(done, work);
-    }
-    // In batches too: a request of more than 1,024 buffers is refused by the kernel
-    // (IOV_MAX), and past ~33.5 M inodes the inode bitmap has more blocks than that.
-    let mut i = 0;
-    while i < sb.inode_bitmap_blocks {
-        let n = (sb.inode_bitmap_blocks - i).min(BITMAP_BATCH);
-        let bufs = (i..i + n)
-            .map(|i| {
-                let mut buf = dev.alloc_zeroed(BLOCK_SIZE);
-                if i == 0 {
-                    buf[0] = 1; // the root inode
-                }
-                f::bitmap_seal(&mut buf, i);
-                buf
-            })
-            .collect();
-        write(sb.inode_bitmap_start + i, bufs)?;
-        i += n;
-        done += n;
-        progress(done, work);
-    }
+    bitmap(sb.block_bitmap_start, sb.block_bitmap_blocks, &|i, buf| {
+        let first = i * f::BITS_PER_BITMAP_BLOCK;
+        let bits = f::BITS_PER_BITMAP_BLOCK;
+        let local = |blk: u64| blk.clamp(first, first + bits) - first;
+        set_bits(buf, local(0), local(sb.data_start));
+        set_bits(buf, local(sb.data_end), local(total));
+    })?;
+    // Inode bitmap: the root inode.
+    bitmap(sb.inode_bitmap_start, sb.inode_bitmap_blocks, &|i, buf| {
+        if i == 0 {
+            buf[0] = 1;
+        }
+    })?;
     let t = meta::now();
     let root = f::DiskInode {
         mode: f::S_IFDIR | 0o755,
