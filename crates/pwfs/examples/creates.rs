@@ -1,5 +1,7 @@
 //! Profiling aid: N threads of create + stat + unlink in private directories on a
 //! MemDevice (the engine alone), ops/s. `cargo run --release --example creates -- 2 3 [IMAGE]`.
+//! With `BY_INO=1` in the environment: by inode number (mknod, getattr, unlink in the
+//! directory), no path walk and no file handle, so the metadata lock's part shows more.
 use pwfs::device::mem::MemDevice;
 use pwfs::{Config, Fs, MkfsOptions};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -30,11 +32,21 @@ fn main() {
             fs.create_dir(format!("/d{t}"), 0o755).unwrap();
             std::thread::spawn(move || {
                 let mut i = 0u64;
+                let by_ino = std::env::var_os("BY_INO").is_some();
+                let dir = fs.resolve(format!("/d{t}"), true).unwrap();
+                let who = pwfs::Creator::default();
                 while !stop.load(Ordering::Relaxed) {
-                    let p = format!("/d{t}/f{i}");
-                    drop(fs.create(&p).unwrap());
-                    fs.metadata(&p).unwrap();
-                    fs.remove_file(&p).unwrap();
+                    if by_ino {
+                        let name = format!("f{i}");
+                        let md = fs.mknod(dir, name.as_bytes(), 0o100644, 0, &who).unwrap();
+                        fs.getattr(md.ino).unwrap();
+                        fs.unlink(dir, name.as_bytes()).unwrap();
+                    } else {
+                        let p = format!("/d{t}/f{i}");
+                        drop(fs.create(&p).unwrap());
+                        fs.metadata(&p).unwrap();
+                        fs.remove_file(&p).unwrap();
+                    }
                     i += 1;
                 }
                 total.fetch_add(i, Ordering::Relaxed);

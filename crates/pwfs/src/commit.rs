@@ -97,7 +97,11 @@ impl FsInner {
     /// with it: the next inode of that number must not report it.
     pub(crate) fn free_inode(&self, m: &mut Meta, ino: u64) -> Result<()> {
         m.free_inode(ino)?;
-        self.fetch_errors.lock().remove(&ino);
+        // Its lock only if a loss was ever recorded (set before the loss, under that
+        // lock, and the inode's pages were settled before it is freed).
+        if self.any_lost.load(std::sync::atomic::Ordering::Acquire) {
+            self.fetch_errors.lock().remove(&ino);
+        }
         Ok(())
     }
 

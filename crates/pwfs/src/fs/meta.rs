@@ -33,12 +33,20 @@ pub struct Meta {
     /// checksums are computed once, when the transaction closes or the block is
     /// decoded (`sealed`), not at every entry they gain or lose.
     unsealed: HashSet<u64, NumHash>,
+    /// Blocks this lock's holders put in the running transaction since it last closed
+    /// (`take_blocks`) and not revoked since: `modify` does not take the transaction's
+    /// lock again for them. That lock's line passed between the CPUs at every
+    /// directory and bitmap block a create or delete changed.
+    in_tx: HashSet<u64, NumHash>,
     /// Inodes in memory (shared with the data path, which reaches them without this lock).
     pub table: Arc<InodeTable>,
     /// The cells this lock's holders reached last, by inode number (direct-mapped):
     /// an operation reaches its parent and its inode a dozen times, and a lookup in
-    /// `table` costs a shard lock and takes its cache line from the other CPUs.
-    recent: [Option<Arc<InodeCell>>; RECENT],
+    /// `table` costs a shard lock and takes its cache line from the other CPUs. A slot
+    /// per cache line, and 256 of them: threads creating in directories of their own
+    /// write their slots at every create and delete, and slots sharing a line (or a
+    /// slot two inodes meet in) passed between the CPUs each time.
+    recent: [crossbeam_utils::CachePadded<Option<Arc<InodeCell>>>; RECENT],
     /// The running transaction's bookkeeping (its own lock).
     pub tx: Arc<Tx>,
     pub alloc: Allocator,
@@ -50,15 +58,30 @@ pub struct Meta {
     /// Unlinked inodes with no open handle; freed at the start of the next commit.
     pub to_free: BTreeSet<u64>,
     block_limit: usize,
-    pub generation_seed: u32,
 }
 
-const RECENT: usize = 32;
+const RECENT: usize = 256;
 
 /// The slot of `recent` an inode goes to: hashed, since inode numbers of directories
 /// are multiples of `GROUP` and would all meet in one slot.
 fn recent_slot(ino: u64) -> usize {
-    (ino.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 59) as usize % RECENT
+    (ino.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as usize % RECENT
+}
+
+/// At most the bitmap blocks that freeing the mappings of `node` at and past file
+/// block `from` changes, on a device with `bitmap` of them.
+fn unmap_cost_of(node: &Inode, from: u64, bitmap: u64) -> u64 {
+    let mut n = 0u64;
+    for (start, run) in node.extents.iter().rev() {
+        if (*start as u64 + run.len as u64) <= from {
+            break;
+        }
+        n += (run.len as u64).div_ceil(f::BITS_PER_BITMAP_BLOCK) + 1;
+        if n >= bitmap {
+            return bitmap;
+        }
+    }
+    n
 }
 
 /// Inode numbers a new directory claims a group of: its files are numbered inside it.
@@ -118,13 +141,13 @@ impl Meta {
             pinned: HashSet::default(),
             hitch: Arc::new(crate::hitchhike::Hitchhike::new(false, 0, 0, 0)),
             unsealed: HashSet::default(),
-            recent: Default::default(),
+            in_tx: HashSet::default(),
+            recent: std::array::from_fn(|_| Default::default()),
             table,
             tx,
             reserved: 0,
             to_free: BTreeSet::new(),
             block_limit: 16384,
-            generation_seed: rand::random(),
         };
         // Images replayed in memory only (read-only mounts) stay pinned.
         for (b, img) in preloaded {
@@ -195,13 +218,28 @@ impl Meta {
     /// The block, made part of the running transaction.
     pub fn modify(&mut self, b: u64) -> Result<&mut AlignedBuf> {
         self.block(b)?;
-        self.tx.block(b);
+        self.tx_block(b);
         Ok(self.blocks.get_mut(&b).expect("just loaded"))
+    }
+
+    /// `b` joins the running transaction.
+    fn tx_block(&mut self, b: u64) {
+        if self.in_tx.insert(b) {
+            self.tx.block(b);
+        }
+    }
+
+    /// `b` leaves the running transaction and is revoked in it. (A block freed here is
+    /// handed out again only after this transaction is durable, so it is not changed
+    /// again in it; forgetting it in `in_tx` keeps that from mattering.)
+    pub fn revoke(&mut self, b: u64) {
+        self.in_tx.remove(&b);
+        self.tx.revoke(b);
     }
 
     /// A freshly allocated metadata block: zeroed, in the transaction, not read.
     fn fresh(&mut self, b: u64) -> &mut AlignedBuf {
-        self.tx.block(b);
+        self.tx_block(b);
         self.unsealed.remove(&b);
         let buf = self.dev.alloc_zeroed(BLOCK_SIZE);
         self.blocks.insert(b, buf);
@@ -233,37 +271,26 @@ impl Meta {
     /// gained `extra` extents: its table block and its whole extent chain.
     pub fn inode_cost(&mut self, ino: u64, extra: u64) -> Result<TxSize> {
         let bitmap = self.sb.block_bitmap_blocks;
-        let node = self.inode(ino)?;
-        Ok(TxSize::new(1, 0).plus(chain_cost_of(&node, extra, bitmap)))
+        self.peek(ino, |node| TxSize::new(1, 0).plus(chain_cost_of(node, extra, bitmap)))
     }
 
     /// At most the bitmap blocks that freeing the mappings of `node` at and past file
     /// block `from` changes.
     pub fn unmap_cost(&self, node: &Inode, from: u64) -> u64 {
-        let bitmap = self.sb.block_bitmap_blocks;
-        let mut n = 0u64;
-        for (start, run) in node.extents.iter().rev() {
-            if (*start as u64 + run.len as u64) <= from {
-                break;
-            }
-            n += (run.len as u64).div_ceil(f::BITS_PER_BITMAP_BLOCK) + 1;
-            if n >= bitmap {
-                return bitmap;
-            }
-        }
-        n
+        unmap_cost_of(node, from, self.sb.block_bitmap_blocks)
     }
 
     /// At most what freeing `ino` (`free_inode`) adds to the running transaction.
     pub fn free_cost(&mut self, ino: u64) -> Result<TxSize> {
         let bitmap = self.sb.block_bitmap_blocks;
-        let node = self.inode(ino)?;
-        let spans = self.unmap_cost(&node, 0);
-        let journaled = node.is_dir() || node.kind() == f::S_IFLNK;
-        let meta_blocks = node.chain.len() as u64 + node.xattr_blocks;
-        let revokes = meta_blocks + if journaled { node.data_blocks() } else { 0 };
-        // Table block, inode bitmap block, block bitmap blocks.
-        Ok(TxSize::new(2 + (spans + meta_blocks).min(bitmap), revokes))
+        self.peek(ino, |node| {
+            let spans = unmap_cost_of(node, 0, bitmap);
+            let journaled = node.is_dir() || node.kind() == f::S_IFLNK;
+            let meta_blocks = node.chain.len() as u64 + node.xattr_blocks;
+            let revokes = meta_blocks + if journaled { node.data_blocks() } else { 0 };
+            // Table block, inode bitmap block, block bitmap blocks.
+            TxSize::new(2 + (spans + meta_blocks).min(bitmap), revokes)
+        })
     }
 
     /// Free part of an inode too large to free in one transaction of at most
@@ -331,6 +358,7 @@ impl Meta {
             }
         }
         let (dirty, revokes) = self.tx.take_blocks();
+        self.in_tx.clear();
         debug_assert!(
             self.unsealed.iter().all(|b| dirty.contains(b)),
             "an unsealed directory block outside the transaction"
@@ -460,7 +488,7 @@ impl Meta {
         for b in first..first + count {
             // A data block the journal carries (hitchhiking) is revoked like metadata.
             if journaled || self.hitch.forget(b) {
-                self.tx.revoke(b);
+                self.revoke(b);
                 self.pinned.remove(&b);
             }
             self.blocks.remove(&b);
@@ -487,7 +515,7 @@ impl Meta {
             return Ok(cell.clone());
         }
         if let Some(cell) = self.table.get(ino) {
-            self.recent[slot] = Some(cell.clone());
+            *self.recent[slot] = Some(cell.clone());
             return Ok(cell);
         }
         if !self.valid_ino(ino) {
@@ -497,6 +525,25 @@ impl Meta {
         let cell = Arc::new(InodeCell::new(ino, self.inode_slot(ino).0, node));
         self.table.insert(cell.clone());
         Ok(cell)
+    }
+
+    /// The inode's cell, borrowed from `recent` (put there if it was not): no count of
+    /// the cell's references taken and given back. A create and a delete reach their
+    /// directory and inode a dozen times under the metadata lock, and those counts
+    /// (two atomic operations each) were a sixth of the time the lock was held.
+    fn cell_ref(&mut self, ino: u64) -> Result<&InodeCell> {
+        let slot = recent_slot(ino);
+        if self.recent[slot].as_ref().is_none_or(|c| c.ino != ino) {
+            let cell = self.cell(ino)?;
+            *self.recent[slot] = Some(cell);
+        }
+        Ok(self.recent[slot].as_deref().expect("put in `recent` above"))
+    }
+
+    /// `f` of the inode, loaded and locked for the call (as `inode`, without the
+    /// cell's reference count).
+    pub fn peek<T>(&mut self, ino: u64, f: impl FnOnce(&Inode) -> T) -> Result<T> {
+        Ok(f(&self.cell_ref(ino)?.lock()))
     }
 
     /// The inode, loaded and locked. Hold one guard of an inode at a time: locking it
@@ -604,7 +651,9 @@ impl Meta {
     /// pages is followed by this, or by `InodeGuard::register` where the caller holds
     /// the inode.
     pub fn update<T>(&mut self, ino: u64, f: impl FnOnce(&mut Inode) -> T) -> Result<T> {
-        let mut node = self.inode(ino)?;
+        self.cell_ref(ino)?;
+        let cell = self.recent[recent_slot(ino)].as_deref().expect("put in `recent` by `cell_ref`");
+        let mut node = cell.lock();
         let v = f(&mut node);
         node.register(&self.tx, None);
         Ok(v)
@@ -687,6 +736,7 @@ impl Meta {
         }
         // The first inode in use in its table block: the block is initialised now
         // (zeroed in memory, never read), so that mkfs need not zero the table.
+
         let per = f::INODES_PER_BLOCK;
         let first = i / per * per;
         if (first..(first + per).min(n)).all(|k| !bit(&self.iused, k)) {
@@ -696,9 +746,9 @@ impl Meta {
         self.ifree -= 1;
         self.ihint = (i + 1) % n;
         self.set_bitmap(self.sb.inode_bitmap_start, i, true)?;
+
         let ino = i + 1;
         let t = now();
-        self.generation_seed = self.generation_seed.wrapping_mul(1_103_515_245).wrapping_add(12345);
         let table_block = self.inode_slot(ino).0;
         let c = Arc::get_mut(&mut cell).expect("a blank cell is not shared");
         c.ino = ino;
@@ -706,9 +756,12 @@ impl Meta {
         let d = &mut c.state_mut().d;
         (d.uid, d.gid, d.nlink) = (uid, gid, 0);
         (d.atime, d.mtime, d.ctime) = (t, t, t);
-        d.generation = self.generation_seed;
+        // Random, as ext4's (`get_random_u32`): a number used again gets another
+        // generation, and no counter shared by the creating threads is written.
+        d.generation = rand::random();
         self.table.insert(cell.clone());
         cell.lock().register(&self.tx, None);
+
         Ok(ino)
     }
 
@@ -734,7 +787,7 @@ impl Meta {
         }
         // Read (and checked) before anything is freed: a corrupt attribute block stops
         // the free with nothing half done.
-        let head = self.inode(ino)?.d.xattr_block;
+        let head = self.peek(ino, |node| node.d.xattr_block)?;
         let xattr_blocks = self.xattr_block_list(ino, head)?;
         let node = {
             let mut g = self.inode(ino)?;
@@ -746,7 +799,7 @@ impl Meta {
         };
         self.table.remove(ino);
         if self.recent[recent_slot(ino)].as_ref().is_some_and(|c| c.ino == ino) {
-            self.recent[recent_slot(ino)] = None;
+            *self.recent[recent_slot(ino)] = None;
         }
         self.tx.forget(ino);
         let journaled = node.is_dir() || node.kind() == f::S_IFLNK;
@@ -783,31 +836,31 @@ impl Meta {
     fn dir_slot_block(&mut self, dir: u64, slot: u64) -> Result<(u64, usize)> {
         let lblk = slot / f::DIRENTS_PER_BLOCK as u64;
         let phys = self
-            .inode(dir)?
-            .map(lblk)
+            .peek(dir, |node| node.map(lblk))?
             .ok_or_else(|| Error::corrupt(format!("directory {dir}: block {lblk} not mapped")))?;
         Ok((phys, (slot % f::DIRENTS_PER_BLOCK as u64) as usize))
     }
 
     /// The parent of directory `dir` (ENOTDIR if it is not one).
     pub fn dir_parent(&mut self, dir: u64) -> Result<u64> {
-        let node = self.inode(dir)?;
-        if !node.is_dir() {
-            return Err(Error::not_dir(""));
-        }
-        Ok(node.d.parent)
+        self.peek(dir, |node| if node.is_dir() { Ok(node.d.parent) } else { Err(Error::not_dir("")) })?
     }
 
     /// Work on the directory's index (in its cell; built from its blocks on first
     /// use). `f` runs under the index's lock, a leaf: it takes no other lock.
     pub fn dir<T>(&mut self, dir: u64, f: impl FnOnce(&mut DirIndex) -> T) -> Result<T> {
+        {
+            let Some(names) = &self.cell_ref(dir)?.names else {
+                return Err(Error::not_dir(""));
+            };
+            if let Some(idx) = names.write().as_mut() {
+                return Ok(f(idx));
+            }
+        }
         let cell = self.cell(dir)?;
         let Some(names) = &cell.names else {
             return Err(Error::not_dir(""));
         };
-        if let Some(idx) = names.write().as_mut() {
-            return Ok(f(idx));
-        }
         let nblocks = cell.lock().d.size / BLOCK;
         let mut idx =
             DirIndex { names: HashMap::new(), free: BTreeSet::new(), slots: nblocks * f::DIRENTS_PER_BLOCK as u64 };
@@ -838,7 +891,7 @@ impl Meta {
     /// lookup which read the count before it sees the change by the count.
     fn dir_unmap<T>(&mut self, dir: u64, f: impl FnOnce(&mut DirIndex) -> T) -> Result<T> {
         let v = self.dir(dir, f)?;
-        self.cell(dir)?.names_gen.fetch_add(1, std::sync::atomic::Ordering::Release);
+        self.cell_ref(dir)?.names_gen.fetch_add(1, std::sync::atomic::Ordering::Release);
         Ok(v)
     }
 
@@ -933,7 +986,7 @@ impl Meta {
 
     /// The extended attributes of `ino` (sorted by name).
     pub fn xattrs(&mut self, ino: u64) -> Result<f::Xattrs> {
-        let head = self.inode(ino)?.d.xattr_block;
+        let head = self.peek(ino, |node| node.d.xattr_block)?;
         if head == 0 {
             return Ok(Vec::new());
         }

@@ -195,15 +195,16 @@ impl Fs {
     /// `parent` can take a new inode: a directory, not removed, not immutable. Returns
     /// its mode, group and link count.
     fn live_dir(m: &mut Meta, parent: u64) -> Result<(u32, u32, u32)> {
-        let p = m.inode(parent)?;
-        if !p.is_dir() {
-            return Err(Error::not_dir(""));
-        }
-        if p.d.nlink == 0 {
-            return Err(Error::not_found("directory was removed"));
-        }
-        deny_immutable(&p)?;
-        Ok((p.d.mode, p.d.gid, p.d.nlink))
+        m.peek(parent, |p| {
+            if !p.is_dir() {
+                return Err(Error::not_dir(""));
+            }
+            if p.d.nlink == 0 {
+                return Err(Error::not_found("directory was removed"));
+            }
+            deny_immutable(p)?;
+            Ok((p.d.mode, p.d.gid, p.d.nlink))
+        })?
     }
 
     /// `name` can be added to `parent`: a valid name, in a live directory (`live_dir`,
@@ -220,7 +221,7 @@ impl Fs {
     /// `target` may go away in place of (rename) or as (rmdir/unlink) something that is
     /// a directory iff `dir`: same kind, and an empty directory. Returns whether it is one.
     fn check_replaceable(m: &mut Meta, dir: bool, target: u64) -> Result<bool> {
-        let is_dir = m.inode(target)?.is_dir();
+        let is_dir = m.peek(target, |n| n.is_dir())?;
         match (dir, is_dir) {
             (false, true) => Err(Error::is_dir("")),
             (true, false) => Err(Error::not_dir("")),
@@ -263,7 +264,7 @@ impl Fs {
             };
             // As ext4 (EXT4_FL_INHERITED): a directory's noatime flag passes to what
             // is made in it.
-            let inherited = m.inode(parent)?.d.flags & f::INODE_FLAG_NOATIME;
+            let inherited = m.peek(parent, |p| p.d.flags & f::INODE_FLAG_NOATIME)?;
             let mut node = m.inode(ino)?;
             node.d.flags |= inherited;
             node.d.nlink = if is_dir { 2 } else { 1 };
@@ -291,16 +292,16 @@ impl Fs {
             }
             m.dir_add(parent, name, ino, ftype_of(mode))?;
             let t = now();
-            let mut p = m.inode(parent)?;
-            p.d.mtime = t;
-            p.d.ctime = t;
-            if is_dir {
-                p.d.nlink += 1;
-            }
-            p.register(&m.tx, None);
+            m.update(parent, |p| {
+                p.d.mtime = t;
+                p.d.ctime = t;
+                if is_dir {
+                    p.d.nlink += 1;
+                }
+            })?;
             Ok(ino)
         })?;
-        let md = attr(ino, &*m.inode(ino)?);
+        let md = m.peek(ino, |n| attr(ino, n))?;
         drop(m);
         self.inner.maybe_commit();
         Ok(md)
@@ -553,14 +554,14 @@ impl Fs {
         let early = self.lookup_cached(parent, name).ok().flatten().and_then(|(ino, _)| self.inner.inodes.get(ino));
         let early_io = early.as_ref().and_then(|c| c.io.try_write());
         let (mut m, (ino, is_dir, free)) = self.inner.admitted(|m| {
-            if !m.inode(parent)?.is_dir() {
-                return Err(Error::not_dir(""));
-            }
+            // The parent's flags are checked once the name is found (ENOENT first).
+            let parent_change =
+                m.peek(parent, |p| if p.is_dir() { Ok(deny_change(p)) } else { Err(Error::not_dir("")) })??;
             let (ino, _) = m.lookup(parent, name)?.ok_or_else(|| Error::not_found(""))?;
             // The flags first, then kind and emptiness, as Linux's may_delete: an
             // append-only parent or an immutable directory is EPERM even when full.
-            deny_change(&*m.inode(parent)?)?;
-            deny_change(&*m.inode(ino)?)?;
+            parent_change?;
+            m.peek(ino, deny_change)??;
             let is_dir = Self::check_replaceable(m, dir, ino)?;
             let tx = m.inode_cost(parent, 0)?.plus(m.inode_cost(ino, 0)?).plus(entry_cost(false));
             // The last name of an inode nobody has open, which has no pages in the

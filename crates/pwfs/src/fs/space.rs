@@ -302,7 +302,7 @@ impl Fs {
         let mut m = self.inner.meta.lock();
         self.inner.mutate(&mut m, |m| {
             for b in &carried {
-                m.tx.revoke(*b);
+                m.revoke(*b);
             }
             let mut node = m.inode(ino)?;
             let freed = if unwritten {

@@ -88,7 +88,12 @@ pub struct Closing {
 
 impl Tx {
     pub fn new(bitmap_blocks: u64) -> Tx {
-        Tx { state: Mutex::default(), epoch: AtomicU64::new(1), estimate: AtomicU64::new(1), bitmap_blocks }
+        // Room for many inodes from the start: the entries of inodes that threads in
+        // different directories register and forget at every create and delete then
+        // sit in cache lines of their own (in a small table they shared lines, which
+        // passed between the CPUs at every operation).
+        let state = State { inodes: HashMap::with_capacity_and_hasher(1024, Default::default()), ..Default::default() };
+        Tx { state: Mutex::new(state), epoch: AtomicU64::new(1), estimate: AtomicU64::new(1), bitmap_blocks }
     }
 
     fn publish(&self, s: &State) {
