@@ -552,7 +552,9 @@ impl InodeTable {
     /// 256 shards: two threads' files then rarely share a shard's lock (each create
     /// and delete takes it), even with 8 threads in 8 directories.
     fn shard(&self, ino: u64) -> &Shard {
-        &self.shards[(ino.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as usize % self.shards.len()]
+        // Bits below the top seven: those are hashbrown's tag of the same hash
+        // (`InoHasher`), which would then be one value for a whole shard.
+        &self.shards[(ino.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as usize % self.shards.len()]
     }
 
     pub fn get(&self, ino: u64) -> Option<Arc<InodeCell>> {

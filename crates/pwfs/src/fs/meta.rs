@@ -357,6 +357,15 @@ impl Meta {
                 )));
             }
         }
+        // What `in_tx` spares `Tx::block` must be in the transaction (a revoke that
+        // went around `Meta::revoke` would break that, and lose the block's change).
+        debug_assert!(
+            {
+                let blocks = self.tx.blocks();
+                self.in_tx.iter().all(|b| blocks.contains(b))
+            },
+            "a block `in_tx` is not in the transaction"
+        );
         let (dirty, revokes) = self.tx.take_blocks();
         self.in_tx.clear();
         debug_assert!(

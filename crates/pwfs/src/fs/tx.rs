@@ -136,8 +136,9 @@ impl Tx {
         }
     }
 
-    /// A journaled block was freed: its image is dropped and a revoke recorded.
-    pub fn revoke(&self, b: u64) {
+    /// A journaled block was freed: its image is dropped and a revoke recorded. Called
+    /// through `Meta::revoke` (and this block's `Meta::in_tx` mark with it).
+    pub(super) fn revoke(&self, b: u64) {
         let mut s = self.state.lock();
         s.blocks.remove(&b);
         s.revokes.insert(b);
