@@ -536,17 +536,23 @@ impl Meta {
         Ok(cell)
     }
 
-    /// The inode's cell, borrowed from `recent` (put there if it was not): no count of
-    /// the cell's references taken and given back. A create and a delete reach their
-    /// directory and inode a dozen times under the metadata lock, and those counts
-    /// (two atomic operations each) were a sixth of the time the lock was held.
-    fn cell_ref(&mut self, ino: u64) -> Result<&InodeCell> {
+    /// The slot of `recent` holding the inode's cell (put there if it was not).
+    fn recent_cell(&mut self, ino: u64) -> Result<usize> {
         let slot = recent_slot(ino);
         if self.recent[slot].as_ref().is_none_or(|c| c.ino != ino) {
             let cell = self.cell(ino)?;
             *self.recent[slot] = Some(cell);
         }
-        Ok(self.recent[slot].as_deref().expect("put in `recent` above"))
+        Ok(slot)
+    }
+
+    /// The inode's cell, borrowed from `recent`: no count of the cell's references
+    /// taken and given back. A create and a delete reach their directory and inode a
+    /// dozen times under the metadata lock, and those counts (two atomic operations
+    /// each) were a sixth of the time the lock was held.
+    fn cell_ref(&mut self, ino: u64) -> Result<&InodeCell> {
+        let slot = self.recent_cell(ino)?;
+        Ok(self.recent[slot].as_deref().expect("put in `recent` by `recent_cell`"))
     }
 
     /// `f` of the inode, loaded and locked for the call (as `inode`, without the
@@ -660,9 +666,8 @@ impl Meta {
     /// pages is followed by this, or by `InodeGuard::register` where the caller holds
     /// the inode.
     pub fn update<T>(&mut self, ino: u64, f: impl FnOnce(&mut Inode) -> T) -> Result<T> {
-        self.cell_ref(ino)?;
-        let cell = self.recent[recent_slot(ino)].as_deref().expect("put in `recent` by `cell_ref`");
-        let mut node = cell.lock();
+        let slot = self.recent_cell(ino)?;
+        let mut node = self.recent[slot].as_deref().expect("put in `recent` by `recent_cell`").lock();
         let v = f(&mut node);
         node.register(&self.tx, None);
         Ok(v)
@@ -867,9 +872,7 @@ impl Meta {
             }
         }
         let cell = self.cell(dir)?;
-        let Some(names) = &cell.names else {
-            return Err(Error::not_dir(""));
-        };
+        let names = cell.names.as_ref().expect("a directory's cell, as checked above");
         let nblocks = cell.lock().d.size / BLOCK;
         let mut idx =
             DirIndex { names: HashMap::new(), free: BTreeSet::new(), slots: nblocks * f::DIRENTS_PER_BLOCK as u64 };
