@@ -2,7 +2,11 @@
 //! disk, alternating between them in every run. Needs root (FUSE mount). Columns:
 //! `pwfs` (the default mount: the kernel caches clean data, writes go through),
 //! `pwfs-direct` (`--kernel-cache off`: every read and write is a request),
-//! `pwfs-wback` (`--kernel-cache write-back`: the kernel buffers writes too) and `ext4`.
+//! `pwfs-wback` (`--kernel-cache write-back`: the kernel buffers writes too),
+//! `pwfs-devfuse` (the default mount served through /dev/fuse reads and writes only) and
+//! `ext4`. The bench turns the fuse module's `enable_uring` on while it mounts (and back
+//! to what it was after), so the first three are served through FUSE over io_uring where
+//! the kernel has it.
 //!
 //! Cold reads: Patchwork's cache is evicted through the engine, the kernel's dropped
 //! with POSIX_FADV_DONTNEED (on ext4 and on the FUSE file).
@@ -52,6 +56,58 @@ fn run_cmd(cmd: &mut Command) -> R<()> {
         return Err(format!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr)));
     }
     Ok(())
+}
+
+/// The fuse module's switch for FUSE over io_uring (Linux 6.14+, `CONFIG_FUSE_IO_URING`).
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// `enable_uring` turned on while this lives (a connection keeps what it agreed at INIT),
+/// and back to what it was when dropped.
+struct UringParam {
+    was: Option<String>,
+    result: R<()>,
+}
+
+impl UringParam {
+    fn on() -> UringParam {
+        let was = match std::fs::read_to_string(ENABLE_URING) {
+            Ok(v) => v.trim().to_string(),
+            Err(e) => return UringParam { was: None, result: Err(format!("no {ENABLE_URING}: {e}")) },
+        };
+        let result = std::fs::write(ENABLE_URING, "Y").map_err(|e| format!("{ENABLE_URING} not writable: {e}"));
+        UringParam { was: Some(was), result }
+    }
+}
+
+impl Drop for UringParam {
+    fn drop(&mut self) {
+        if let (Some(was), Ok(())) = (&self.was, &self.result) {
+            let _ = std::fs::write(ENABLE_URING, was);
+        }
+    }
+}
+
+/// This process's threads serving FUSE-over-io_uring entries.
+fn ring_threads() -> usize {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0 };
+    tasks
+        .flatten()
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("fuser-q")))
+        .count()
+}
+
+/// The kernel's queues per mount: one per possible CPU.
+fn ring_queues() -> String {
+    std::fs::read_to_string("/sys/devices/system/cpu/possible").map_or("?".into(), |s| {
+        s.trim()
+            .split(',')
+            .map(|p| {
+                p.split_once('-')
+                    .map_or(1, |(a, b)| b.parse::<usize>().unwrap_or(0) + 1 - a.parse::<usize>().unwrap_or(0))
+            })
+            .sum::<usize>()
+            .to_string()
+    })
 }
 
 /// One side of the comparison: a directory, and the engine behind it if it is ours.
@@ -266,13 +322,15 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
     std::fs::create_dir_all(&ext4).map_err(err("mkdir"))?;
     progress("preparing the images and the source tarball");
     let modes = [
-        ("pwfs", pwfs_fuse::KernelCache::WriteThrough),
-        ("pwfs-direct", pwfs_fuse::KernelCache::Off),
-        ("pwfs-wback", pwfs_fuse::KernelCache::WriteBack),
+        ("pwfs", pwfs_fuse::KernelCache::WriteThrough, false),
+        ("pwfs-direct", pwfs_fuse::KernelCache::Off, false),
+        ("pwfs-wback", pwfs_fuse::KernelCache::WriteBack, false),
+        ("pwfs-devfuse", pwfs_fuse::KernelCache::WriteThrough, true),
     ];
     let mut mounts = Vec::new();
     let mut sides = Vec::new();
-    for (name, cache) in modes {
+    let param = UringParam::on();
+    for (name, cache, dev_fuse_only) in modes {
         let image = o.dir.join(format!("{name}.img"));
         let mnt = o.dir.join(format!("{name}-mnt"));
         std::fs::create_dir_all(&mnt).map_err(err("mkdir"))?;
@@ -281,11 +339,14 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
             .map_err(err("mkfs"))?;
         let config = Config { cache_bytes: crate::basic::CACHE_BYTES, ..Default::default() };
         let fs = pwfs::mount_image(&image, config).map_err(err("mount image"))?;
-        let options = pwfs_fuse::MountOptions { allow_other: false, kernel_cache: cache, ..Default::default() };
+        let options =
+            pwfs_fuse::MountOptions { allow_other: false, kernel_cache: cache, dev_fuse_only, ..Default::default() };
         let mounted = pwfs_fuse::mount_with(fs.clone(), &mnt, &options).map_err(err("FUSE mount"))?;
         mounts.push((mounted, fs.clone(), image));
         sides.push(Side { name, dir: mnt, fs: Some(fs) });
     }
+    let param_result = param.result.clone();
+    drop(param);
     sides.push(Side { name: "ext4", dir: ext4.clone(), fs: None });
     let tarball = o.dir.join("src.tar");
     run_cmd(Command::new("tar").arg("-C").arg("/usr").arg("-cf").arg(&tarball).arg("include"))?;
@@ -418,7 +479,8 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
         }
         let mut r = Report {
             title: format!(
-                "pwfs bench fuse: pwfs FUSE mounts (kernel cache write-through, off, write-back) vs ext4 on the same disk, \
+                "pwfs bench fuse: pwfs FUSE mounts (kernel cache write-through, off, write-back; write-through over \
+                 /dev/fuse only) vs ext4 on the same disk, \
                  median of {} runs (pwfs cache {} MiB)",
                 o.runs,
                 crate::basic::CACHE_BYTES / MIB
@@ -485,6 +547,21 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
             r.target(p.name(), name, "pwfs", "ext4", None, Some(at_least));
         }
         r.notes.push("pwfs / best kernel: for times, > 1 means pwfs is slower".into());
+        // The serving threads of ring entries are named fuser-q<queue>-<n> (vendored fuser).
+        let ring_threads = ring_threads();
+        let uring_note = match (&param_result, ring_threads) {
+            (Ok(()), n) if n > 0 => format!(
+                "transport: pwfs, pwfs-direct and pwfs-wback are served through FUSE over io_uring ({n} ring entries \
+                 in all, one per serving thread, on {} per-CPU queues per mount; enable_uring set to Y for the \
+                 mounts), pwfs-devfuse through /dev/fuse",
+                ring_queues()
+            ),
+            (Ok(()), _) => {
+                "transport: every mount through /dev/fuse (the kernel did not take FUSE over io_uring)".into()
+            }
+            (Err(e), _) => format!("transport: every mount through /dev/fuse ({e})"),
+        };
+        r.notes.push(uring_note);
         match &limits {
             Some((pwfs, kernel)) if Personality::ALL.iter().any(|&p| wanted(p.name()) && memory_bound(&load_of(p))) => {
                 r.notes.push(format!(
@@ -536,7 +613,7 @@ mod tests {
         r.check_filled().unwrap();
         assert_eq!(r.rows.len(), 14);
         assert_eq!(r.targets.len(), 8, "every target found its row");
-        assert_eq!(r.columns, ["pwfs", "pwfs-direct", "pwfs-wback", "ext4"]);
+        assert_eq!(r.columns, ["pwfs", "pwfs-direct", "pwfs-wback", "pwfs-devfuse", "ext4"]);
         // `--only` runs the parts named, and refuses a name it does not know.
         let only = Opts { only: vec!["find".into(), "varmail".into()], ..Opts::smoke(dir.clone()) };
         let r = run(&only, &mut |_| {}).unwrap();

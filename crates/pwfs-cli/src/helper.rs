@@ -88,6 +88,13 @@ pub fn parse_options(opts: &str, sloppy: bool, o: &mut MountOpts) -> Result<(), 
                     _ => return Err(format!("kernel_cache={v}: expected off, write-through or write-back")),
                 })
             }
+            ("fuse_uring", Some(v)) => {
+                o.fuse_uring = Some(match v {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(format!("fuse_uring={v}: expected on or off")),
+                })
+            }
             ("check", None) => o.check = true,
             ("threads", Some(v)) => match v.parse::<usize>() {
                 Ok(n) if (1..=1024).contains(&n) => o.threads = Some(n),
@@ -138,7 +145,7 @@ pub fn parse_options(opts: &str, sloppy: bool, o: &mut MountOpts) -> Result<(), 
             _ if sloppy => {}
             _ => {
                 return Err(format!(
-                    "unknown mount option {item:?} (pwfs takes cache=SIZE, fetch=POLICY, stack=sync|async, poll=on|off, kernel_cache=MODE, threads=N, \
+                    "unknown mount option {item:?} (pwfs takes cache=SIZE, fetch=POLICY, stack=sync|async, poll=on|off, kernel_cache=MODE, fuse_uring=on|off, threads=N, \
                      shim=on|off, hitchhike=on|off, check, allow_other, fsname=NAME, and ro/rw, suid/nosuid, dev/nodev, exec/noexec, \
                      the atime options, sync/async, dirsync)"
                 ))

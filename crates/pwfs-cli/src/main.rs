@@ -87,6 +87,12 @@ enum Cmd {
         /// write of its own (off: every fsync'd block is written whole).
         #[arg(long, value_enum, default_value = "on")]
         hitchhike: OnOff,
+        /// FUSE over io_uring: where the kernel offers it (the fuse module's
+        /// enable_uring parameter, Linux 6.14+), requests come through one ring entry per
+        /// serving thread on per-CPU queues instead of /dev/fuse reads (off: /dev/fuse
+        /// only).
+        #[arg(long, value_enum, default_value = "on")]
+        fuse_uring: OnOff,
         /// Run the full consistency check before mounting, even if the image was
         /// unmounted cleanly (it always runs when it was not).
         #[arg(long)]
@@ -106,7 +112,7 @@ enum Cmd {
         #[arg(long)]
         atime: bool,
         /// Mount options as mount(8) takes them, applied after the flags above:
-        /// cache=SIZE, fetch=POLICY, kernel_cache=MODE, threads=N, check, allow_other, fsname=NAME,
+        /// cache=SIZE, fetch=POLICY, kernel_cache=MODE, fuse_uring=on|off, threads=N, check, allow_other, fsname=NAME,
         /// ro/rw, suid/nosuid, dev/nodev, exec/noexec, noatime, ... (see README).
         #[arg(short = 'o', long = "options")]
         options: Option<String>,
@@ -437,6 +443,7 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
             poll,
             shim,
             hitchhike,
+            fuse_uring,
             check,
             kernel_cache,
             atime,
@@ -452,6 +459,7 @@ fn run(cmd: Cmd) -> Result<ExitCode, String> {
                 poll: Some(matches!(poll, OnOff::On)),
                 shim: Some(matches!(shim, OnOff::On)),
                 hitchhike: Some(matches!(hitchhike, OnOff::On)),
+                fuse_uring: Some(matches!(fuse_uring, OnOff::On)),
                 kernel_cache: Some(kernel_cache.into()),
                 check,
                 allow_other,

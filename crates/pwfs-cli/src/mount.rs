@@ -109,6 +109,8 @@ pub struct MountOpts {
     /// Hitchhiking of small synchronous writes (`hitchhike=on|off`; default on).
     pub hitchhike: Option<bool>,
     pub kernel_cache: Option<pwfs_fuse::KernelCache>,
+    /// FUSE over io_uring where the kernel offers it: `fuse_uring=on|off`.
+    pub fuse_uring: Option<bool>,
     /// Run the full check even on an image unmounted cleanly.
     pub check: bool,
     pub allow_other: bool,
@@ -251,6 +253,7 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
     let options = pwfs_fuse::MountOptions {
         allow_other: o.allow_other,
         kernel_cache: o.kernel_cache.unwrap_or_default(),
+        dev_fuse_only: o.fuse_uring == Some(false),
         fsname: Some(source),
         suid: o.suid,
         dev: o.dev,

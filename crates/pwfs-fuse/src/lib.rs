@@ -97,6 +97,10 @@ pub struct MountOptions {
     /// Files also change behind the kernel's back (the LD_PRELOAD shim is served):
     /// keep track of what the kernel caches, to invalidate it ([`Mounted::view`]).
     pub shim: bool,
+    /// Serve /dev/fuse only, even where the kernel offers FUSE over io_uring (the fuse
+    /// module's `enable_uring`; by default requests then come through per-CPU rings,
+    /// docs/DECISIONS.md).
+    pub dev_fuse_only: bool,
 }
 
 /// The file system type in /proc/mounts: mount(8) runs `mount.fuse.pwfs` for it.
@@ -140,6 +144,8 @@ const MAX_WRITE: u32 = 1 << 20;
 struct PwFuse {
     fs: Fs,
     cache: KernelCache,
+    /// Ask for FUSE over io_uring at INIT (used when the kernel offers it).
+    uring: bool,
     /// The kernel's lookup count per inode. While it is not zero the inode holds an
     /// engine handle (like an open file), so an unlinked inode is not freed and its
     /// number not reused before the kernel forgets it: FUSE node ids must stay unique
@@ -728,6 +734,11 @@ impl Filesystem for PwFuse {
         }
         if self.cache == KernelCache::WriteBack {
             let _ = config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE);
+        }
+        // Requests through per-CPU io_uring entries instead of /dev/fuse reads, where
+        // the kernel offers it (the vendored fuser serves them, vendor/fuser/PATCHWORK.md).
+        if self.uring {
+            let _ = config.add_capabilities(InitFlags::FUSE_OVER_IO_URING);
         }
         Ok(())
     }
@@ -1662,6 +1673,14 @@ impl Unmounter {
 }
 
 impl Mounted {
+    /// The FUSE-over-io_uring entries the kernel holds for this mount now, one per
+    /// serving thread on each CPU's queue; 0 when it is served through /dev/fuse only
+    /// (the kernel does not offer the ring, or `dev_fuse_only`). The threads register
+    /// their entries just after the mount returns.
+    pub fn ring_entries(&self) -> usize {
+        self.session.ring_entries()
+    }
+
     /// Unmount (if the mount is still ours) and wait for the serving threads (the
     /// engine syncs at unmount).
     pub fn unmount(self) -> std::io::Result<()> {
@@ -1744,6 +1763,7 @@ pub fn mount_with(fs: Fs, mountpoint: &Path, o: &MountOptions) -> std::io::Resul
     let pw = PwFuse {
         fs: fs.clone(),
         cache: o.kernel_cache,
+        uring: !o.dev_fuse_only,
         lookups: Default::default(),
         notifier: notifier.clone(),
         view: view.clone(),
@@ -2030,6 +2050,7 @@ mod tests {
         let pw = PwFuse {
             fs: fs.clone(),
             cache: KernelCache::WriteThrough,
+            uring: false,
             lookups: Default::default(),
             notifier: notifier.clone(),
             view: Arc::new(KernelView::new(false, notifier)),

@@ -328,3 +328,87 @@ fn xattr_remove(p: &std::path::Path, name: &str) -> i32 {
     // SAFETY: valid C strings.
     unsafe { libc::removexattr(cpath(p).as_ptr(), n.as_ptr()) }
 }
+
+/// FUSE over io_uring: with the fuse module's `enable_uring` on at mount time, every
+/// serving thread registers a ring entry on its CPU's queue and requests come through
+/// the entries (data both ways, names in the payload, replies larger than a page, errors);
+/// a `dev_fuse_only` mount registers none and serves the same calls through /dev/fuse.
+/// Skipped where the kernel has no FUSE over io_uring (before 6.14, or built without it).
+#[test]
+fn fuse_over_io_uring_serves_the_mount() {
+    use pwfs_fuse::MountOptions;
+    const PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
+    if !can_mount() {
+        return;
+    }
+    let Ok(was) = std::fs::read_to_string(PARAM) else {
+        eprintln!("skipping: this kernel has no FUSE over io_uring ({PARAM})");
+        return;
+    };
+    for dev_fuse_only in [false, true] {
+        let dev = Arc::new(MemDevice::new(64 << 20));
+        pwfs::mkfs(&*dev, &MkfsOptions::default()).unwrap();
+        let fs = Fs::mount(dev, Config { cache_bytes: 8 << 20, ..Default::default() }).unwrap();
+        let o = MountOptions { dev_fuse_only, threads: Some(3), ..Default::default() };
+        // The connection keeps what it agreed at INIT, which the mount has answered
+        // when it returns; other mounts of this test binary may take the ring meanwhile,
+        // which is what every mount does where the parameter is on.
+        std::fs::write(PARAM, "Y").unwrap();
+        let (dir, mounted) = mount_in(&fs, &format!("uring-{dev_fuse_only}"), &o);
+        std::fs::write(PARAM, was.trim()).unwrap();
+        let cpus = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
+        let queues: usize = cpus
+            .trim()
+            .split(',')
+            .map(|p| {
+                p.split_once('-').map_or(1, |(a, b)| b.parse::<usize>().unwrap() + 1 - a.parse::<usize>().unwrap())
+            })
+            .sum();
+        let want = if dev_fuse_only { 0 } else { queues * 3usize.div_ceil(queues) };
+        let start = std::time::Instant::now();
+        while mounted.ring_entries() != want && start.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(mounted.ring_entries(), want, "dev_fuse_only {dev_fuse_only}");
+
+        // Data both ways, from threads on every CPU: a write of 1 MiB + 1 (two requests
+        // of the largest size and a byte), reads back through the kernel, O_DIRECT reads of
+        // odd sizes (reply payloads), names in requests, errors as replies.
+        let big: Vec<u8> = (0..(1usize << 20) + 1).map(|i| (i * 7 % 251) as u8).collect();
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let dir = dir.clone();
+                let big = big.clone();
+                std::thread::spawn(move || {
+                    let p = dir.join(format!("f{t}"));
+                    std::fs::write(&p, &big).unwrap();
+                    assert_eq!(std::fs::read(&p).unwrap(), big);
+                    let f = std::fs::File::open(&p).unwrap();
+                    let mut buf = vec![0u8; 3000];
+                    use std::os::unix::fs::FileExt;
+                    assert_eq!(f.read_at(&mut buf, 5000).unwrap(), 3000);
+                    assert_eq!(&buf[..], &big[5000..8000]);
+                    f.sync_all().unwrap();
+                    for i in 0..200 {
+                        let n = dir.join(format!("t{t}-{i}-{}", "n".repeat(i % 200)));
+                        std::fs::write(&n, format!("{i}")).unwrap();
+                        assert_eq!(std::fs::read_to_string(&n).unwrap(), format!("{i}"));
+                        std::fs::rename(&n, dir.join(format!("r{t}-{i}"))).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let names = std::fs::read_dir(&dir).unwrap().count();
+        assert_eq!(names, 4 + 4 * 200);
+        assert_eq!(errno(std::fs::read(dir.join("missing"))), libc::ENOENT);
+        assert_eq!(errno(std::fs::create_dir(dir.join("f0"))), libc::EEXIST);
+        std::fs::remove_file(dir.join("f1")).unwrap();
+        assert_eq!(fs.read_file("/f0").unwrap(), big, "the engine has what the kernel wrote");
+        mounted.unmount().unwrap();
+        fs.unmount().unwrap();
+        let _ = std::fs::remove_dir(&dir);
+    }
+}

@@ -139,6 +139,11 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
+    /// Patchwork: FUSE over io_uring was agreed at INIT; each entry's payload buffer
+    /// (src/uring.rs).
+    pub(crate) uring_payload: Option<usize>,
+    /// Patchwork: ring entries registered with the kernel now.
+    pub(crate) ring_entries: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -186,6 +191,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
+            uring_payload: None,
+            ring_entries: Arc::default(),
         };
 
         session.handshake()?;
@@ -214,6 +221,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
+            uring_payload: None,
+            ring_entries: Arc::default(),
         };
 
         session.handshake()?;
@@ -225,6 +234,7 @@ impl<FS: Filesystem> Session<FS> {
     /// the filesystem is unmounted and the given session ends.
     pub fn spawn(self) -> io::Result<BackgroundSession> {
         let sender = self.ch.sender();
+        let ring_entries = self.ring_entries.clone();
         // Take the fuse_session, so that we can unmount it
         let mount = std::mem::take(&mut *self.mount.mount.lock());
         let guard = thread::Builder::new()
@@ -234,6 +244,7 @@ impl<FS: Filesystem> Session<FS> {
             guard,
             sender,
             mount,
+            ring_entries,
         })
     }
 
@@ -252,6 +263,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
+            uring_payload,
+            ring_entries,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -286,9 +299,38 @@ impl<FS: Filesystem> Session<FS> {
                 channels.push(ch.clone());
             }
         }
+        // Patchwork: with FUSE over io_uring, the same number of threads per queue serve
+        // ring entries (one each); the /dev/fuse threads stay for what the ring does not
+        // carry and for a ring the kernel turns off (src/uring.rs).
+        #[cfg(target_os = "linux")]
+        let ring_channel = uring_payload.map(|_| ch.clone());
         channels.push(ch);
 
         let mut threads = Vec::with_capacity(n_threads);
+
+        #[cfg(target_os = "linux")]
+        if let (Some(payload), Some(ring_ch)) = (uring_payload, ring_channel) {
+            let queues = crate::uring::queues();
+            let per_queue = n_threads.div_ceil(queues).max(1);
+            for qid in 0..queues {
+                let Ok(q) = u16::try_from(qid) else { break };
+                for i in 0..per_queue {
+                    let thread_name = format!("fuser-q{qid}-{i}");
+                    let event_loop = SessionEventLoop {
+                        thread_name: thread_name.clone(),
+                        filesystem: filesystem.clone(),
+                        ch: ring_ch.clone(),
+                        allowed,
+                        session_owner,
+                    };
+                    let ch = ring_ch.clone();
+                    let entries = ring_entries.clone();
+                    threads.push(thread::Builder::new().name(thread_name).spawn(move || {
+                        crate::uring::serve(event_loop, ch, q, payload, entries)
+                    })?);
+                }
+            }
+        }
 
         for (i, ch) in channels.into_iter().enumerate() {
             let thread_name = format!("fuser-{i}");
@@ -429,6 +471,26 @@ impl<FS: Filesystem> Session<FS> {
                 return Err(error);
             }
 
+            // Patchwork: FUSE over io_uring when the file system asks for it, the kernel
+            // offers it and this process can make the rings; otherwise the reply does not
+            // carry the flag (the kernel would hold every request for a ring that never
+            // comes).
+            #[cfg(target_os = "linux")]
+            if config.requested.contains(InitFlags::FUSE_OVER_IO_URING) {
+                if init.capabilities().contains(InitFlags::FUSE_OVER_IO_URING)
+                    && crate::uring::available()
+                {
+                    self.uring_payload = Some(crate::uring::payload_size(
+                        config.max_write,
+                        config.max_pages(),
+                    ));
+                } else {
+                    config.requested.remove(InitFlags::FUSE_OVER_IO_URING);
+                }
+            }
+            #[cfg(not(target_os = "linux"))]
+            config.requested.remove(InitFlags::FUSE_OVER_IO_URING);
+
             // Remember the ABI version supported by kernel and mark the session initialized.
             self.proto_version = Some(v);
 
@@ -530,7 +592,7 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
             match self.ch.receive_retrying(buf) {
-                Ok(size) => match RequestWithSender::new(self.ch.sender(), &buf[..size]) {
+                Ok(size) => match RequestWithSender::new(ReplySender::Channel(self.ch.sender()), &buf[..size]) {
                     // Dispatch request
                     Some(req) => {
                         if let Ok(Operation::Destroy(_)) = req.request.operation() {
@@ -564,6 +626,8 @@ pub struct BackgroundSession {
     sender: ChannelSender,
     /// Ensures the filesystem is unmounted when the session ends
     mount: Option<Mount>,
+    /// Patchwork: ring entries registered with the kernel now (FUSE over io_uring).
+    ring_entries: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl BackgroundSession {
@@ -578,6 +642,13 @@ impl BackgroundSession {
     /// Returns an object that can be used to send notifications to the kernel
     pub fn notifier(&self) -> Notifier {
         Notifier::new(self.sender.clone())
+    }
+
+    /// Patchwork: the FUSE-over-io_uring entries registered with the kernel now (0: the
+    /// session is served through /dev/fuse only). The serving threads register theirs
+    /// after `spawn` returns.
+    pub fn ring_entries(&self) -> usize {
+        self.ring_entries.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Join the filesystem thread.
