@@ -9,6 +9,8 @@ use std::borrow::Cow;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
+#[cfg(target_os = "linux")]
+use std::os::fd::AsRawFd;
 use std::os::fd::BorrowedFd;
 use std::os::fd::OwnedFd;
 use std::path::Path;
@@ -139,9 +141,10 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
-    /// Patchwork: FUSE over io_uring was agreed at INIT; each entry's payload buffer
+    /// Patchwork: FUSE over io_uring was agreed at INIT, and how to serve it
     /// (src/uring.rs).
-    pub(crate) uring_payload: Option<usize>,
+    #[cfg(target_os = "linux")]
+    pub(crate) uring: Option<crate::uring::Plan>,
     /// Patchwork: ring entries registered with the kernel now.
     pub(crate) ring_entries: Arc<std::sync::atomic::AtomicUsize>,
 }
@@ -191,7 +194,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
-            uring_payload: None,
+            #[cfg(target_os = "linux")]
+            uring: None,
             ring_entries: Arc::default(),
         };
 
@@ -221,7 +225,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
-            uring_payload: None,
+            #[cfg(target_os = "linux")]
+            uring: None,
             ring_entries: Arc::default(),
         };
 
@@ -263,7 +268,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
-            uring_payload,
+            #[cfg(target_os = "linux")]
+            uring,
             ring_entries,
         } = self;
 
@@ -299,23 +305,23 @@ impl<FS: Filesystem> Session<FS> {
                 channels.push(ch.clone());
             }
         }
-        // Patchwork: with FUSE over io_uring, the same number of threads per queue serve
-        // ring entries (one each); the /dev/fuse threads stay for what the ring does not
-        // carry and for a ring the kernel turns off (src/uring.rs).
+        // Patchwork: with FUSE over io_uring, the session's threads spread over the CPUs'
+        // queues serve ring entries (one each); the /dev/fuse threads stay for what the
+        // ring does not carry and for a ring turned off (src/uring.rs).
         #[cfg(target_os = "linux")]
-        let ring_channel = uring_payload.map(|_| ch.clone());
+        let ring_channel = uring.as_ref().map(|_| ch.clone());
         channels.push(ch);
 
         let mut threads = Vec::with_capacity(n_threads);
 
         #[cfg(target_os = "linux")]
-        if let (Some(payload), Some(ring_ch)) = (uring_payload, ring_channel) {
-            let queues = crate::uring::queues();
-            let per_queue = n_threads.div_ceil(queues).max(1);
-            for qid in 0..queues {
-                let Ok(q) = u16::try_from(qid) else { break };
-                for i in 0..per_queue {
-                    let thread_name = format!("fuser-q{qid}-{i}");
+        if let (Some(mut plan), Some(ring_ch)) = (uring, ring_channel) {
+            let (ready_tx, ready) = std::sync::mpsc::channel();
+            let mut started = 0usize;
+            let mut failed = false;
+            for q in 0..plan.queues() {
+                for i in 0..plan.threads_for(q, n_threads) {
+                    let thread_name = format!("fuser-q{q}-{i}");
                     let event_loop = SessionEventLoop {
                         thread_name: thread_name.clone(),
                         filesystem: filesystem.clone(),
@@ -325,10 +331,32 @@ impl<FS: Filesystem> Session<FS> {
                     };
                     let ch = ring_ch.clone();
                     let entries = ring_entries.clone();
-                    threads.push(thread::Builder::new().name(thread_name).spawn(move || {
-                        crate::uring::serve(event_loop, ch, q, payload, entries)
-                    })?);
+                    let ready_tx = ready_tx.clone();
+                    let payload = plan.payload();
+                    match thread::Builder::new().name(thread_name).spawn(move || {
+                        crate::uring::serve(event_loop, ch, q, payload, entries, ready_tx)
+                    }) {
+                        Ok(t) => {
+                            threads.push(t);
+                            started += 1;
+                        }
+                        Err(e) => {
+                            error!("FUSE over io_uring: no thread for queue {q}: {e}");
+                            failed = true;
+                        }
+                    }
                 }
+            }
+            drop(ready_tx);
+            // Every thread says once whether its entry was taken; a queue left without
+            // one would hold every request, so then the ring is turned off.
+            for _ in 0..started {
+                if !ready.recv().unwrap_or(false) {
+                    failed = true;
+                }
+            }
+            if failed {
+                plan.turn_off(ring_ch.as_fd().as_raw_fd());
             }
         }
 
@@ -472,19 +500,15 @@ impl<FS: Filesystem> Session<FS> {
             }
 
             // Patchwork: FUSE over io_uring when the file system asks for it, the kernel
-            // offers it and this process can make the rings; otherwise the reply does not
-            // carry the flag (the kernel would hold every request for a ring that never
-            // comes).
+            // offers it and this process can serve it; otherwise the reply does not carry
+            // the flag (the kernel would hold every request for a ring that never comes).
             #[cfg(target_os = "linux")]
             if config.requested.contains(InitFlags::FUSE_OVER_IO_URING) {
-                if init.capabilities().contains(InitFlags::FUSE_OVER_IO_URING)
-                    && crate::uring::available()
-                {
-                    self.uring_payload = Some(crate::uring::payload_size(
-                        config.max_write,
-                        config.max_pages(),
-                    ));
-                } else {
+                self.uring = None;
+                if init.capabilities().contains(InitFlags::FUSE_OVER_IO_URING) {
+                    self.uring = crate::uring::Plan::new(config.max_write, config.max_pages());
+                }
+                if self.uring.is_none() {
                     config.requested.remove(InitFlags::FUSE_OVER_IO_URING);
                 }
             }

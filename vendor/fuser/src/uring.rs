@@ -21,12 +21,13 @@
 //! in front of the payload: the request is then one contiguous slice, parsed by the same
 //! code as a /dev/fuse read, without copying the payload (a write's data).
 
-use std::alloc::Layout;
 use std::io;
 use std::io::IoSlice;
 use std::os::fd::AsFd;
 use std::os::fd::AsRawFd;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::mpsc;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering;
 
@@ -45,6 +46,7 @@ use crate::Filesystem;
 use crate::ReplyEmpty;
 use crate::channel::Channel;
 use crate::ll::Operation;
+use crate::reply::ReplySender;
 use crate::request::RequestWithSender;
 use crate::session::SessionEventLoop;
 
@@ -74,56 +76,130 @@ fn new_ring() -> io::Result<IoUring<squeue::Entry128, cqueue::Entry>> {
         .build(4)
 }
 
-/// Whether this process can make the rings (io_uring may be disabled by sysctl or
-/// seccomp). Asked before the INIT reply: once the kernel has agreed to the ring it holds
-/// every request until all queues are registered.
-pub(crate) fn available() -> bool {
-    match new_ring() {
-        Ok(_) => true,
-        Err(e) => {
-            warn!("FUSE over io_uring not used: no io_uring here ({e})");
-            false
-        }
-    }
-}
-
-/// The kernel's number of queues: one per possible CPU (`num_possible_cpus`).
-pub(crate) fn queues() -> usize {
-    let possible = std::fs::read_to_string("/sys/devices/system/cpu/possible").ok();
-    possible
-        .and_then(|s| count_cpus(s.trim()))
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-}
-
-/// Counts the CPUs of a list such as `0-3,5,7-8`.
-fn count_cpus(list: &str) -> Option<usize> {
-    let mut n = 0usize;
-    for part in list.split(',') {
-        match part.split_once('-') {
-            Some((a, b)) => {
-                let (a, b): (usize, usize) = (a.parse().ok()?, b.parse().ok()?);
-                n = n.checked_add(b.checked_sub(a)?.checked_add(1)?)?;
-            }
+/// The CPUs of a list such as `0-3,5,7-8` (the kernel's cpu list format).
+fn cpu_list(list: &str) -> Option<Vec<usize>> {
+    let mut cpus = Vec::new();
+    for part in list.trim().split(',') {
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a.parse::<usize>().ok()?, b.parse::<usize>().ok()?),
             None => {
-                part.parse::<usize>().ok()?;
-                n = n.checked_add(1)?;
+                let a = part.parse::<usize>().ok()?;
+                (a, a)
             }
+        };
+        if b < a || b - a > 1 << 16 {
+            return None;
         }
+        cpus.extend(a..=b);
     }
-    (n > 0).then_some(n)
+    (!cpus.is_empty()).then_some(cpus)
 }
 
-/// The payload buffer an entry needs: the kernel refuses smaller ones
-/// (`max(FUSE_MIN_READ_BUFFER, max_write, max_pages * PAGE_SIZE)`).
-pub(crate) fn payload_size(max_write: u32, max_pages: u16) -> usize {
-    let pages = usize::from(max_pages) * page_size::get();
-    MIN_PAYLOAD.max(max_write as usize).max(pages)
+fn read_cpus(what: &str) -> Option<Vec<usize>> {
+    cpu_list(&std::fs::read_to_string(format!("/sys/devices/system/cpu/{what}")).ok()?)
+}
+
+/// What the session needs to serve the ring, settled before the INIT reply: once the
+/// kernel has agreed to the ring it holds every request until each queue has an entry,
+/// so nothing that can fail is left for later without a way back (`turn_off`).
+pub(crate) struct Plan {
+    /// The kernel's queues: one per possible CPU (`num_possible_cpus`); a request goes
+    /// to the queue of the CPU its caller runs on.
+    queues: usize,
+    /// Which queues belong to online CPUs.
+    online: Vec<bool>,
+    /// Each entry's payload buffer: the kernel refuses smaller ones
+    /// (`max(FUSE_MIN_READ_BUFFER, max_write, max_pages * PAGE_SIZE)`).
+    payload: usize,
+    /// A ring any thread may submit to, kept to turn the ring off.
+    spare: IoUring<squeue::Entry128, cqueue::Entry>,
+}
+
+impl std::fmt::Debug for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plan").field("queues", &self.queues).field("payload", &self.payload).finish()
+    }
+}
+
+impl Plan {
+    /// The plan, or `None` (with the reason logged) when this process cannot serve the
+    /// ring: io_uring refused (sysctl, seccomp), or the CPUs not known.
+    pub(crate) fn new(max_write: u32, max_pages: u16) -> Option<Plan> {
+        let spare = match IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(2).and_then(|r| {
+            new_ring()?;
+            Ok(r)
+        }) {
+            Ok(r) => r,
+            Err(e) => {
+                warn!("FUSE over io_uring not used: no io_uring here ({e})");
+                return None;
+            }
+        };
+        let (Some(possible), Some(online)) = (read_cpus("possible"), read_cpus("online")) else {
+            warn!("FUSE over io_uring not used: the CPUs are not known (/sys/devices/system/cpu)");
+            return None;
+        };
+        let queues = possible.len();
+        if u16::try_from(queues).is_err() {
+            warn!("FUSE over io_uring not used: {queues} queues");
+            return None;
+        }
+        let online = (0..queues).map(|q| online.contains(&q)).collect();
+        let pages = usize::from(max_pages) * page_size::get();
+        let payload = MIN_PAYLOAD.max(max_write as usize).max(pages);
+        Some(Plan {
+            queues,
+            online,
+            payload,
+            spare,
+        })
+    }
+
+    pub(crate) fn queues(&self) -> u16 {
+        // Checked in `new`.
+        self.queues as u16
+    }
+
+    pub(crate) fn payload(&self) -> usize {
+        self.payload
+    }
+
+    /// Serving threads (one entry each) for `qid`: the session's thread count spread
+    /// over the online CPUs, and one for a queue no CPU is online for.
+    pub(crate) fn threads_for(&self, qid: u16, n_threads: usize) -> usize {
+        let online = self.online.iter().filter(|&&o| o).count().max(1);
+        match self.online.get(usize::from(qid)) {
+            Some(true) => n_threads.div_ceil(online).max(1),
+            _ => 1,
+        }
+    }
+
+    /// Turns the ring off for the connection: a registration the kernel refuses (a
+    /// queue that does not exist) clears its `io_uring` flag, and requests that waited
+    /// for the ring go to /dev/fuse. For when a queue cannot get its entries.
+    pub(crate) fn turn_off(&mut self, fd: i32) {
+        let iov = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; 2];
+        let sqe = command(fd, CMD_REGISTER, 0, u16::MAX, Some(iov.as_ptr()));
+        // SAFETY: the iovecs outlive the submission, which the kernel refuses before
+        // it reads them (the queue number is checked first).
+        let pushed = unsafe { self.spare.submission().push(&sqe) }.is_ok();
+        match pushed.then(|| self.spare.submit_and_wait(1)) {
+            Some(Ok(_)) => {
+                let res = self.spare.completion().next().map(|c| c.result());
+                warn!("FUSE over io_uring turned off for this mount; /dev/fuse serves it (refusal: {res:?})");
+            }
+            other => error!("FUSE over io_uring: could not turn the ring off ({other:?}); requests may wait"),
+        }
+    }
 }
 
 /// One entry's memory: the header buffer at 0, the payload at `PAYLOAD_AT`.
 struct EntryMem {
     base: *mut u8,
-    layout: Layout,
+    size: usize,
     payload: usize,
 }
 
@@ -134,19 +210,29 @@ unsafe impl Send for EntryMem {}
 unsafe impl Sync for EntryMem {}
 
 impl EntryMem {
+    /// Anonymous memory: zero pages until touched, so an entry costs what its largest
+    /// request or reply used.
     fn new(payload: usize) -> io::Result<EntryMem> {
         let size = PAYLOAD_AT
             .checked_add(payload)
             .ok_or_else(|| io::Error::other("payload size"))?;
-        let layout = Layout::from_size_align(size, page_size::get()).map_err(io::Error::other)?;
-        // SAFETY: the layout's size is not zero.
-        let base = unsafe { std::alloc::alloc_zeroed(layout) };
-        if base.is_null() {
-            return Err(io::Error::from(io::ErrorKind::OutOfMemory));
+        // SAFETY: a private anonymous mapping of `size` bytes, no file.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
         }
         Ok(EntryMem {
-            base,
-            layout,
+            base: base.cast(),
+            size,
             payload,
         })
     }
@@ -181,8 +267,8 @@ impl EntryMem {
 
 impl Drop for EntryMem {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
-        unsafe { std::alloc::dealloc(self.base, self.layout) };
+        // SAFETY: mapped in `new` with this size.
+        unsafe { libc::munmap(self.base.cast(), self.size) };
     }
 }
 
@@ -197,6 +283,8 @@ struct ReplyState {
     done: bool,
     staged: Vec<u8>,
     len: usize,
+    /// The request's `unique`, for a reply the entry cannot carry.
+    unique: u64,
 }
 
 /// The reply side of an entry, shared with the replies of its requests (`ReplySender`).
@@ -215,11 +303,18 @@ impl std::fmt::Debug for Slot {
 impl Slot {
     /// A request is out: its reply is awaited, and may go straight into the payload
     /// buffer when `direct` (the request has no payload).
-    fn begin(&self, direct: bool) {
+    fn begin(&self, direct: bool, unique: u64) {
         let mut st = self.state.lock();
         st.waiting = true;
         st.done = false;
         st.direct = direct;
+        st.unique = unique;
+    }
+
+    /// Whether the request out has no reply yet.
+    fn pending(&self) -> bool {
+        let st = self.state.lock();
+        st.waiting && !st.done
     }
 
     /// Waits for the reply (a file system may answer from another thread), puts its
@@ -262,11 +357,10 @@ impl Slot {
         let mut result = Ok(());
         if total < OUT_HEADER || payload > self.mem.payload {
             // An answer the entry cannot carry: tell the caller EIO instead.
-            let unique = if total >= OUT_HEADER { &header[8..16] } else { &[0u8; 8][..] };
             let mut h = [0u8; OUT_HEADER];
             h[..4].copy_from_slice(&(OUT_HEADER as u32).to_ne_bytes());
             h[4..8].copy_from_slice(&(-libc::EIO).to_ne_bytes());
-            h[8..16].copy_from_slice(unique);
+            h[8..16].copy_from_slice(&st.unique.to_ne_bytes());
             header = h;
             rest.clear();
             result = Err(io::Error::other(format!("a reply of {total} bytes does not fit the ring entry")));
@@ -311,34 +405,38 @@ fn command(fd: i32, op: u32, commit_id: u64, qid: u16, iovecs: Option<*const lib
     unsafe { std::mem::transmute::<[u8; 128], squeue::Entry128>(raw) }
 }
 
-/// Runs this thread on CPU `cpu` only: requests of that CPU's queue are then served on
-/// the CPU their caller waits on (it sleeps meanwhile), with its caches warm and no
-/// wake-up across CPUs. A CPU that cannot be chosen (offline, outside the cgroup's set)
-/// leaves the thread where it is.
-fn pin(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET and sched_setaffinity take
-    // valid pointers to it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            debug!("FUSE over io_uring: queue {cpu}'s threads not pinned: {}", io::Error::last_os_error());
-        }
-    }
-}
-
-/// Serves one entry of queue `qid` until the connection ends.
+/// Serves one entry of queue `qid` until the connection ends. `ready` hears once
+/// whether the entry was registered; `entries` counts the entries registered now.
 pub(crate) fn serve<FS: Filesystem>(
     se: SessionEventLoop<FS>,
     ch: Channel,
     qid: u16,
     payload: usize,
     entries: Arc<AtomicUsize>,
+    ready: mpsc::Sender<bool>,
 ) -> io::Result<()> {
-    let mut registered = false;
-    let result = serve_entry(se, ch, qid, payload, &entries, &mut registered);
-    if registered {
-        entries.fetch_sub(1, Ordering::Relaxed);
+    /// Counts the entry out however the thread ends.
+    struct Registered<'a>(&'a AtomicUsize, bool);
+    impl Drop for Registered<'_> {
+        fn drop(&mut self) {
+            if self.1 {
+                self.0.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+    let mut registered = Registered(&entries, false);
+    let mut ready = Some(ready);
+    let result = serve_entry(se, ch, qid, payload, &mut |ok| {
+        if ok {
+            registered.0.fetch_add(1, Ordering::Relaxed);
+            registered.1 = true;
+        }
+        if let Some(r) = ready.take() {
+            let _ = r.send(ok);
+        }
+    });
+    if let Some(r) = ready.take() {
+        let _ = r.send(false);
     }
     result
 }
@@ -348,14 +446,11 @@ fn serve_entry<FS: Filesystem>(
     ch: Channel,
     qid: u16,
     payload: usize,
-    entries: &AtomicUsize,
-    registered: &mut bool,
+    registered: &mut dyn FnMut(bool),
 ) -> io::Result<()> {
     let fd = ch.as_fd().as_raw_fd();
-    if std::env::var_os("PWFS_URING_NOPIN").is_none() {
-        pin(usize::from(qid));
-    }
-    let mut ring = new_ring()?;
+    // Made before the ring, so dropped after it: the kernel's hold on the buffers ends
+    // with the ring.
     let slot = Arc::new(Slot {
         mem: EntryMem::new(payload)?,
         state: Mutex::new(ReplyState::default()),
@@ -371,29 +466,28 @@ fn serve_entry<FS: Filesystem>(
             iov_len: payload,
         },
     ];
+    let mut ring = new_ring()?;
     let register = command(fd, CMD_REGISTER, 0, qid, Some(iov.as_ptr()));
-    let mut eagain = 0u32;
-    let mut next = Some(register.clone());
+    // SAFETY: the iovecs and the buffers they point to outlive the ring.
+    while unsafe { ring.submission().push(&register) }.is_err() {
+        ring.submit()?;
+    }
+    // The command is issued at submission: a refusal is in the completion queue when
+    // `submit` returns; an entry taken completes only with a request.
+    loop {
+        match ring.submit() {
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) => {}
+            r => break r.map(drop)?,
+        }
+    }
+    let refused = ring.completion().is_empty().then_some(()).is_none();
+    registered(!refused);
+    let mut next: Option<squeue::Entry128> = None;
     loop {
         if let Some(sqe) = next.take() {
-            // SAFETY: the iovecs and the buffers they point to outlive the ring (they are
-            // dropped after it, at the end of this function).
+            // SAFETY: a commit carries no pointers.
             while unsafe { ring.submission().push(&sqe) }.is_err() {
                 ring.submit()?;
-            }
-        }
-        if !*registered {
-            // The command is issued at submission: a refusal is in the completion queue
-            // when `submit` returns; an entry taken completes only with a request.
-            loop {
-                match ring.submit() {
-                    Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) => {}
-                    r => break r.map(drop)?,
-                }
-            }
-            if ring.completion().is_empty() {
-                *registered = true;
-                entries.fetch_add(1, Ordering::Relaxed);
             }
         }
         match ring.submit_and_wait(1) {
@@ -404,34 +498,19 @@ fn serve_entry<FS: Filesystem>(
         let Some(cqe) = ring.completion().next() else { continue };
         let res = cqe.result();
         if res < 0 {
-            match -res {
-                // The connection is not initialized yet (should not happen after INIT).
-                libc::EAGAIN if !*registered && eagain < 1000 => {
-                    eagain += 1;
-                    std::thread::sleep(std::time::Duration::from_millis(1));
-                    next = Some(register.clone());
-                    continue;
-                }
-                libc::ENOTCONN | libc::ECONNABORTED | libc::ECANCELED | libc::ENODEV => return Ok(()),
-                e if !*registered => {
-                    // The kernel has turned the ring off for the connection; /dev/fuse
-                    // serves everything.
-                    warn!(
-                        "FUSE over io_uring: registering queue {qid} failed ({}); serving /dev/fuse only",
-                        io::Error::from_raw_os_error(e)
-                    );
-                    return Ok(());
-                }
+            return match -res {
+                // The connection ends (unmount, abort) or the ring closes.
+                libc::ENOTCONN | libc::ECONNABORTED | libc::ECANCELED | libc::ENODEV => Ok(()),
                 e => {
                     let e = io::Error::from_raw_os_error(e);
-                    error!("FUSE over io_uring: queue {qid}: {e}");
-                    return Err(e);
+                    if refused {
+                        warn!("FUSE over io_uring: queue {qid} refused an entry ({e})");
+                    } else {
+                        error!("FUSE over io_uring: queue {qid}: {e}");
+                    }
+                    Err(e)
                 }
-            }
-        }
-        if !*registered {
-            *registered = true;
-            entries.fetch_add(1, Ordering::Relaxed);
+            };
         }
         let commit_id = slot.mem.read_u64(ENT_IN_OUT + 8);
         let payload_len = slot.mem.read_u32(ENT_IN_OUT + 16) as usize;
@@ -440,7 +519,7 @@ fn serve_entry<FS: Filesystem>(
         let op_len = len.checked_sub(IN_HEADER).and_then(|n| n.checked_sub(payload_len));
         let Some(op_len) = op_len.filter(|&n| n <= OP_IN && payload_len <= payload) else {
             error!("FUSE over io_uring: request of {len} bytes with a payload of {payload_len}");
-            slot.begin(true);
+            slot.begin(true, commit_id);
             answer_error(&slot, commit_id, libc::EIO);
             slot.finish();
             next = Some(command(fd, CMD_COMMIT_AND_FETCH, commit_id, qid, None));
@@ -457,20 +536,26 @@ fn serve_entry<FS: Filesystem>(
                 op_len,
             );
         }
-        slot.begin(payload_len == 0);
-        // SAFETY: `start..PAYLOAD_AT + payload_len` is inside the allocation and
-        // initialized; while the slice lives, replies write only the header buffer's
-        // first 16 bytes (below `start`), the payload buffer when the request has none
-        // (past the slice), or a staging buffer.
+        slot.begin(payload_len == 0, commit_id);
+        // SAFETY: `start..PAYLOAD_AT + payload_len` is inside the mapping and was written
+        // by the kernel or above; while the slice lives, replies write only the header
+        // buffer's first 16 bytes (below `start`), the payload buffer when the request
+        // has none (past the slice), or a staging buffer.
         let data = unsafe { std::slice::from_raw_parts(slot.mem.base.add(start), len) };
         let mut destroy = false;
-        match RequestWithSender::new(crate::reply::ReplySender::Ring(slot.clone(), ch.sender()), data) {
+        match RequestWithSender::new(ReplySender::Ring(slot.clone(), ch.sender()), data) {
             Some(req) => {
                 if let Ok(Operation::Destroy(_)) = req.request.operation() {
                     req.reply::<ReplyEmpty>().ok();
                     destroy = true;
-                } else {
-                    req.dispatch(&se);
+                } else if std::panic::catch_unwind(AssertUnwindSafe(|| req.dispatch(&se))).is_err() {
+                    // A handler that panics has its reply dropped, which answers EIO
+                    // (`ReplyRaw`); the entry serves on, as a /dev/fuse thread's
+                    // siblings would.
+                    error!("FUSE over io_uring: a request handler panicked");
+                    if slot.pending() {
+                        answer_error(&slot, commit_id, libc::EIO);
+                    }
                 }
             }
             None => answer_error(&slot, commit_id, libc::EIO),
@@ -479,7 +564,7 @@ fn serve_entry<FS: Filesystem>(
         next = Some(command(fd, CMD_COMMIT_AND_FETCH, commit_id, qid, None));
         if destroy {
             if let Some(sqe) = next.take() {
-                // SAFETY: as above.
+                // SAFETY: a commit carries no pointers.
                 if unsafe { ring.submission().push(&sqe) }.is_ok() {
                     let _ = ring.submit();
                 }
