@@ -58,6 +58,13 @@ fn run_cmd(cmd: &mut Command) -> R<()> {
     Ok(())
 }
 
+/// What an equal-memory cell's workload process needs for itself, on both sides, beside
+/// the page cache the cgroup is there to equalise: the webproxy-like cell's 100 threads
+/// (stacks, buffers, the forked bench's pages they write) and the kernel's inodes and
+/// dentries of 10,000 files take about 128 MiB, which left a direct-I/O mount's clients
+/// (no page cache to reclaim) at their limit and killed by the OOM killer now and then.
+const WORKLOAD_MEMORY: u64 = 128 * MIB;
+
 /// The fuse module's switch for FUSE over io_uring (Linux 6.14+, `CONFIG_FUSE_IO_URING`).
 const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
 
@@ -385,7 +392,7 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
         let memory_bound = |load: &personalities::Load| load.files as u64 * load.file_bytes > crate::basic::CACHE_BYTES;
         let mut limit_err = None;
         let limits = if Personality::ALL.iter().any(|&p| wanted(p.name()) && memory_bound(&load_of(p))) {
-            let client = crate::basic::CACHE_BYTES;
+            let client = crate::basic::CACHE_BYTES + WORKLOAD_MEMORY;
             match memcg::Limit::new(client)
                 .and_then(|a| Ok((a, memcg::Limit::new(client + crate::basic::CACHE_BYTES)?)))
             {
@@ -567,10 +574,11 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
                 r.notes.push(format!(
                     "rows marked 'equal memory' (a file set larger than pwfs's {} MiB cache) run each side's workload \
                      in a child process in a memory cgroup: {} MiB for a pwfs mount's clients (their kernel page \
-                     cache) on top of pwfs's own cache, {} MiB for ext4; the row after each gives ext4 with all of \
-                     the machine's memory",
+                     cache, and {} MiB for the workload's own threads and buffers) on top of pwfs's own cache, {} MiB \
+                     for ext4; the row after each gives ext4 with all of the machine's memory",
                     crate::basic::CACHE_BYTES / MIB,
                     pwfs.bytes() / MIB,
+                    WORKLOAD_MEMORY / MIB,
                     kernel.bytes() / MIB
                 ));
                 r.notes.push("other rows: ext4 runs with all of the machine's memory for its page cache".into());

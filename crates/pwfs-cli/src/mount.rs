@@ -297,6 +297,18 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
         mountpoint.display(),
         mountpoint.display()
     );
+    // The serving threads register their ring entries right after the mount returns.
+    let offered = std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring").is_ok_and(|v| v.trim() == "Y");
+    if o.fuse_uring != Some(false) && offered {
+        let start = std::time::Instant::now();
+        while mounted.ring_entries() == 0 && start.elapsed() < std::time::Duration::from_millis(100) {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        if mounted.ring_entries() > 0 {
+            out +=
+                &format!("pwfs: requests come through FUSE over io_uring ({} ring entries)\n", mounted.ring_entries());
+        }
+    }
     match report.take() {
         Some(mut p) => {
             let _ = write!(p, "ok{out}");

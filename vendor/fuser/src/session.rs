@@ -317,6 +317,7 @@ impl<FS: Filesystem> Session<FS> {
         #[cfg(target_os = "linux")]
         if let (Some(mut plan), Some(ring_ch)) = (uring, ring_channel) {
             let (ready_tx, ready) = std::sync::mpsc::channel();
+            let shared = Arc::new(crate::uring::Shared::default());
             let mut started = 0usize;
             let mut failed = false;
             for q in 0..plan.queues() {
@@ -333,8 +334,10 @@ impl<FS: Filesystem> Session<FS> {
                     let entries = ring_entries.clone();
                     let ready_tx = ready_tx.clone();
                     let payload = plan.payload();
+                    let shared = shared.clone();
+                    let spin = config.uring_spin;
                     match thread::Builder::new().name(thread_name).spawn(move || {
-                        crate::uring::serve(event_loop, ch, q, payload, entries, ready_tx)
+                        crate::uring::serve(event_loop, ch, q, payload, entries, ready_tx, shared, spin)
                     }) {
                         Ok(t) => {
                             threads.push(t);
@@ -350,13 +353,17 @@ impl<FS: Filesystem> Session<FS> {
             drop(ready_tx);
             // Every thread says once whether its entry was taken; a queue left without
             // one would hold every request, so then the ring is turned off.
+            let mut taken = vec![0usize; usize::from(plan.queues())];
             for _ in 0..started {
-                if !ready.recv().unwrap_or(false) {
-                    failed = true;
+                match ready.recv() {
+                    Ok((q, true)) => taken[usize::from(q)] += 1,
+                    Ok((_, false)) | Err(_) => failed = true,
                 }
             }
-            if failed {
+            if failed && taken.contains(&0) {
                 plan.turn_off(ring_ch.as_fd().as_raw_fd());
+            } else if failed {
+                warn!("FUSE over io_uring: some serving threads have no ring entry; every queue has one");
             }
         }
 

@@ -10,10 +10,15 @@
 //! the fetch of the next request (`FUSE_IO_URING_CMD_COMMIT_AND_FETCH`): one system call
 //! per request instead of a read and a write, and no shared queue between the CPUs.
 //!
-//! What stays on /dev/fuse: the handshake (INIT), FORGET and INTERRUPT requests, the
-//! notifications the file system sends, and every request while the ring is not yet
-//! ready. A failed registration turns the ring off for the connection (the kernel then
-//! serves /dev/fuse only), so the /dev/fuse threads keep running either way.
+//! What stays on /dev/fuse: the handshake (INIT), FORGET and INTERRUPT requests and the
+//! notifications the file system sends. Until every queue has an entry the kernel holds
+//! new requests; a queue that cannot get one makes the session turn the ring off for the
+//! connection (`Plan::turn_off`), and /dev/fuse serves everything, so the /dev/fuse
+//! threads keep running either way.
+//!
+//! After an answer, the thread that gave it polls its ring for a while (the session's
+//! `uring_spin`) when no other request is being served: a synchronous caller's next
+//! request is then taken without waking a sleeping thread.
 //!
 //! An entry is a header buffer (`fuse_uring_req_header`: the in or out header, the
 //! operation's fixed argument, the entry's own in/out fields) and a payload buffer. The
@@ -27,9 +32,11 @@ use std::os::fd::AsFd;
 use std::os::fd::AsRawFd;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::sync::mpsc;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::time::Duration;
 
 use io_uring::IoUring;
 use io_uring::cqueue;
@@ -64,6 +71,8 @@ const PREFIX_END: usize = PAYLOAD_AT;
 /// `FUSE_IO_URING_CMD_REGISTER` and `FUSE_IO_URING_CMD_COMMIT_AND_FETCH`.
 const CMD_REGISTER: u32 = 1;
 const CMD_COMMIT_AND_FETCH: u32 = 2;
+/// `IORING_ENTER_GETEVENTS`.
+const IORING_ENTER_GETEVENTS: u32 = 1;
 /// The kernel's smallest request buffer (`FUSE_MIN_READ_BUFFER`).
 const MIN_PAYLOAD: usize = 8192;
 
@@ -74,6 +83,14 @@ fn new_ring() -> io::Result<IoUring<squeue::Entry128, cqueue::Entry>> {
         .setup_single_issuer()
         .setup_defer_taskrun()
         .build(4)
+}
+
+/// What a session's serving threads share: how many are serving a request now, and
+/// whether one of them is polling for the next.
+#[derive(Debug, Default)]
+pub(crate) struct Shared {
+    busy: AtomicUsize,
+    polling: AtomicBool,
 }
 
 /// The CPUs of a list such as `0-3,5,7-8` (the kernel's cpu list format).
@@ -413,7 +430,9 @@ pub(crate) fn serve<FS: Filesystem>(
     qid: u16,
     payload: usize,
     entries: Arc<AtomicUsize>,
-    ready: mpsc::Sender<bool>,
+    ready: mpsc::Sender<(u16, bool)>,
+    shared: Arc<Shared>,
+    spin: Duration,
 ) -> io::Result<()> {
     /// Counts the entry out however the thread ends.
     struct Registered<'a>(&'a AtomicUsize, bool);
@@ -426,17 +445,17 @@ pub(crate) fn serve<FS: Filesystem>(
     }
     let mut registered = Registered(&entries, false);
     let mut ready = Some(ready);
-    let result = serve_entry(se, ch, qid, payload, &mut |ok| {
+    let result = serve_entry(se, ch, qid, payload, &shared, spin, &mut |ok| {
         if ok {
             registered.0.fetch_add(1, Ordering::Relaxed);
             registered.1 = true;
         }
         if let Some(r) = ready.take() {
-            let _ = r.send(ok);
+            let _ = r.send((qid, ok));
         }
     });
     if let Some(r) = ready.take() {
-        let _ = r.send(false);
+        let _ = r.send((qid, false));
     }
     result
 }
@@ -446,6 +465,8 @@ fn serve_entry<FS: Filesystem>(
     ch: Channel,
     qid: u16,
     payload: usize,
+    shared: &Shared,
+    spin: Duration,
     registered: &mut dyn FnMut(bool),
 ) -> io::Result<()> {
     let fd = ch.as_fd().as_raw_fd();
@@ -490,10 +511,34 @@ fn serve_entry<FS: Filesystem>(
                 ring.submit()?;
             }
         }
-        match ring.submit_and_wait(1) {
-            Ok(_) => {}
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) => continue,
-            Err(e) => return Err(e),
+        // A synchronous caller's next request usually follows within microseconds of
+        // the answer: one thread of the session, the one that answered last (the kernel
+        // hands the most recently returned entry out first), polls for it while nothing
+        // else is being served, instead of going to sleep and being woken (on this
+        // 2-vCPU VM a wake-up of an idle CPU is most of a request's cost; DECISIONS).
+        if !spin.is_zero() && shared.busy.load(Ordering::Relaxed) == 0 && !shared.polling.swap(true, Ordering::Acquire)
+        {
+            let _ = ring.submit();
+            let until = std::time::Instant::now() + spin;
+            while ring.completion().is_empty()
+                && shared.busy.load(Ordering::Relaxed) == 0
+                && std::time::Instant::now() < until
+            {
+                // Runs the ring's deferred work (a request handed to the entry) and
+                // posts its completion; then gives the CPU to any runnable thread.
+                // SAFETY: no submissions, no argument.
+                let _ = unsafe { ring.submitter().enter::<libc::sigset_t>(0, 0, IORING_ENTER_GETEVENTS, None) };
+                // SAFETY: no arguments.
+                unsafe { libc::sched_yield() };
+            }
+            shared.polling.store(false, Ordering::Release);
+        }
+        if ring.completion().is_empty() {
+            match ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) => continue,
+                Err(e) => return Err(e),
+            }
         }
         let Some(cqe) = ring.completion().next() else { continue };
         let res = cqe.result();
@@ -537,6 +582,7 @@ fn serve_entry<FS: Filesystem>(
             );
         }
         slot.begin(payload_len == 0, commit_id);
+        shared.busy.fetch_add(1, Ordering::Relaxed);
         // SAFETY: `start..PAYLOAD_AT + payload_len` is inside the mapping and was written
         // by the kernel or above; while the slice lives, replies write only the header
         // buffer's first 16 bytes (below `start`), the payload buffer when the request
@@ -561,6 +607,7 @@ fn serve_entry<FS: Filesystem>(
             None => answer_error(&slot, commit_id, libc::EIO),
         }
         slot.finish();
+        shared.busy.fetch_sub(1, Ordering::Relaxed);
         next = Some(command(fd, CMD_COMMIT_AND_FETCH, commit_id, qid, None));
         if destroy {
             if let Some(sqe) = next.take() {

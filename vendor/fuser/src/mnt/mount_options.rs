@@ -18,6 +18,11 @@ pub struct Config {
     /// This enables more efficient request processing
     /// when multiple threads are used. Requires Linux 4.5+.
     pub clone_fd: bool,
+    /// Patchwork: with FUSE over io_uring, how long a serving thread that has just
+    /// answered, while no other request is being served, keeps polling its ring for the
+    /// next request before it sleeps (yielding its CPU to any runnable thread meanwhile).
+    /// Zero: never.
+    pub uring_spin: std::time::Duration,
 }
 
 /// Mount options accepted by the FUSE filesystem type
