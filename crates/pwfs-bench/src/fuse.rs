@@ -3,10 +3,10 @@
 //! `pwfs` (the default mount: the kernel caches clean data, writes go through),
 //! `pwfs-direct` (`--kernel-cache off`: every read and write is a request),
 //! `pwfs-wback` (`--kernel-cache write-back`: the kernel buffers writes too),
-//! `pwfs-devfuse` (the default mount served through /dev/fuse reads and writes only) and
-//! `ext4`. The bench turns the fuse module's `enable_uring` on while it mounts (and back
-//! to what it was after), so the first three are served through FUSE over io_uring where
-//! the kernel has it.
+//! `pwfs-uring` (the default mount with the fuse module's `enable_uring` turned on for it,
+//! so served through FUSE over io_uring where the kernel has it; back to what it was
+//! after the run) and `ext4`. The first three are mounted as this machine mounts them,
+//! through /dev/fuse unless `enable_uring` is on already; the notes say what served each.
 //!
 //! Cold reads: Patchwork's cache is evicted through the engine, the kernel's dropped
 //! with POSIX_FADV_DONTNEED (on ext4 and on the FUSE file).
@@ -92,29 +92,6 @@ impl Drop for UringParam {
             let _ = std::fs::write(ENABLE_URING, was);
         }
     }
-}
-
-/// This process's threads serving FUSE-over-io_uring entries.
-fn ring_threads() -> usize {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0 };
-    tasks
-        .flatten()
-        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("fuser-q")))
-        .count()
-}
-
-/// The kernel's queues per mount: one per possible CPU.
-fn ring_queues() -> String {
-    std::fs::read_to_string("/sys/devices/system/cpu/possible").map_or("?".into(), |s| {
-        s.trim()
-            .split(',')
-            .map(|p| {
-                p.split_once('-')
-                    .map_or(1, |(a, b)| b.parse::<usize>().unwrap_or(0) + 1 - a.parse::<usize>().unwrap_or(0))
-            })
-            .sum::<usize>()
-            .to_string()
-    })
 }
 
 /// One side of the comparison: a directory, and the engine behind it if it is ours.
@@ -328,16 +305,21 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
     let _ = std::fs::remove_dir_all(&ext4);
     std::fs::create_dir_all(&ext4).map_err(err("mkdir"))?;
     progress("preparing the images and the source tarball");
+    // The first three as this machine mounts them (FUSE over io_uring only where the
+    // fuse module's enable_uring is on already); the fourth with it turned on.
     let modes = [
         ("pwfs", pwfs_fuse::KernelCache::WriteThrough, false),
         ("pwfs-direct", pwfs_fuse::KernelCache::Off, false),
         ("pwfs-wback", pwfs_fuse::KernelCache::WriteBack, false),
-        ("pwfs-devfuse", pwfs_fuse::KernelCache::WriteThrough, true),
+        ("pwfs-uring", pwfs_fuse::KernelCache::WriteThrough, true),
     ];
     let mut mounts = Vec::new();
     let mut sides = Vec::new();
-    let param = UringParam::on();
-    for (name, cache, dev_fuse_only) in modes {
+    let mut param = None;
+    for (name, cache, uring) in modes {
+        if uring {
+            param = Some(UringParam::on());
+        }
         let image = o.dir.join(format!("{name}.img"));
         let mnt = o.dir.join(format!("{name}-mnt"));
         std::fs::create_dir_all(&mnt).map_err(err("mkdir"))?;
@@ -346,14 +328,14 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
             .map_err(err("mkfs"))?;
         let config = Config { cache_bytes: crate::basic::CACHE_BYTES, ..Default::default() };
         let fs = pwfs::mount_image(&image, config).map_err(err("mount image"))?;
-        let options =
-            pwfs_fuse::MountOptions { allow_other: false, kernel_cache: cache, dev_fuse_only, ..Default::default() };
+        let options = pwfs_fuse::MountOptions { allow_other: false, kernel_cache: cache, ..Default::default() };
         let mounted = pwfs_fuse::mount_with(fs.clone(), &mnt, &options).map_err(err("FUSE mount"))?;
         mounts.push((mounted, fs.clone(), image));
         sides.push(Side { name, dir: mnt, fs: Some(fs) });
     }
-    let param_result = param.result.clone();
-    drop(param);
+    // Kept on until the mounts are gone: a connection whose ring is ready but whose
+    // io_uring flag a refused registration cleared needs it (DECISIONS).
+    let param_result = param.as_ref().map_or(Ok(()), |p| p.result.clone());
     sides.push(Side { name: "ext4", dir: ext4.clone(), fs: None });
     let tarball = o.dir.join("src.tar");
     run_cmd(Command::new("tar").arg("-C").arg("/usr").arg("-cf").arg(&tarball).arg("include"))?;
@@ -487,7 +469,7 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
         let mut r = Report {
             title: format!(
                 "pwfs bench fuse: pwfs FUSE mounts (kernel cache write-through, off, write-back; write-through over \
-                 /dev/fuse only) vs ext4 on the same disk, \
+                 FUSE over io_uring) vs ext4 on the same disk, \
                  median of {} runs (pwfs cache {} MiB)",
                 o.runs,
                 crate::basic::CACHE_BYTES / MIB
@@ -554,19 +536,18 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
             r.target(p.name(), name, "pwfs", "ext4", None, Some(at_least));
         }
         r.notes.push("pwfs / best kernel: for times, > 1 means pwfs is slower".into());
-        // The serving threads of ring entries are named fuser-q<queue>-<n> (vendored fuser).
-        let ring_threads = ring_threads();
-        let uring_note = match (&param_result, ring_threads) {
-            (Ok(()), n) if n > 0 => format!(
-                "transport: pwfs, pwfs-direct and pwfs-wback are served through FUSE over io_uring ({n} ring entries \
-                 in all, one per serving thread, on {} per-CPU queues per mount; enable_uring set to Y for the \
-                 mounts), pwfs-devfuse through /dev/fuse",
-                ring_queues()
-            ),
-            (Ok(()), _) => {
-                "transport: every mount through /dev/fuse (the kernel did not take FUSE over io_uring)".into()
-            }
-            (Err(e), _) => format!("transport: every mount through /dev/fuse ({e})"),
+        // What serves each mount: the ring entries its session settled on.
+        let transports: Vec<String> = sides
+            .iter()
+            .zip(&mounts)
+            .map(|(side, (m, _, _))| match m.ring_entries() {
+                0 => format!("{} /dev/fuse", side.name),
+                n => format!("{} FUSE over io_uring ({n} ring entries)", side.name),
+            })
+            .collect();
+        let uring_note = match &param_result {
+            Ok(()) => format!("transport (enable_uring set to Y for pwfs-uring): {}", transports.join(", ")),
+            Err(e) => format!("transport: {} ({e})", transports.join(", ")),
         };
         r.notes.push(uring_note);
         match &limits {
@@ -599,6 +580,7 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
         let _ = fs.unmount();
         let _ = std::fs::remove_file(&image);
     }
+    drop(param);
     let _ = std::fs::remove_file(&tarball);
     let _ = std::fs::remove_dir_all(&ext4);
     result
@@ -621,7 +603,7 @@ mod tests {
         r.check_filled().unwrap();
         assert_eq!(r.rows.len(), 14);
         assert_eq!(r.targets.len(), 8, "every target found its row");
-        assert_eq!(r.columns, ["pwfs", "pwfs-direct", "pwfs-wback", "pwfs-devfuse", "ext4"]);
+        assert_eq!(r.columns, ["pwfs", "pwfs-direct", "pwfs-wback", "pwfs-uring", "ext4"]);
         // `--only` runs the parts named, and refuses a name it does not know.
         let only = Opts { only: vec!["find".into(), "varmail".into()], ..Opts::smoke(dir.clone()) };
         let r = run(&only, &mut |_| {}).unwrap();

@@ -279,7 +279,9 @@ impl PwFuse {
     /// After an entry reply for `ino` (which may have created the kernel's inode): if an
     /// invalidation found no inode in the kernel since `before`, it may have been this
     /// one, changed between the reply's read and its arrival; drop it again now that
-    /// the kernel has it. (After the reply: the kernel holds no lock of the request.)
+    /// the kernel has it. (After the reply: the kernel holds no lock of the request.
+    /// Over FUSE over io_uring the answer reaches the kernel only when the handler has
+    /// returned, so the first try comes too early and the retries below cover it.)
     fn recheck(&self, ino: u64, before: u64) {
         if self.view.active && self.missed() != before {
             if let Some(n) = self.notifier.get() {
@@ -1619,8 +1621,9 @@ pub fn options(allow_other: bool, threads: usize) -> fuser::Config {
 /// With FUSE over io_uring, how long the thread that answered last polls for the next
 /// request while no other is being served (yielding to any runnable thread), before it
 /// sleeps: a synchronous caller's next request comes within it, and is taken without a
-/// wake-up. 4 KiB direct reads through the mount, one caller: 15.0-15.5 µs with it,
-/// 19.3 µs without, 20.2 µs over /dev/fuse (docs/BENCHMARKS.md).
+/// wake-up. 4 KiB direct reads through the mount, one caller, mounts side by side:
+/// 13.7-13.8 µs with it against 16.0-16.2 µs over /dev/fuse; without it the ring was no
+/// faster than /dev/fuse (docs/DECISIONS.md, "FUSE over io_uring").
 pub const URING_SPIN: Duration = Duration::from_micros(50);
 
 /// A file system being served in the background.
@@ -1681,10 +1684,10 @@ impl Unmounter {
 }
 
 impl Mounted {
-    /// The FUSE-over-io_uring entries the kernel holds for this mount now, one per
-    /// serving thread on each CPU's queue; 0 when it is served through /dev/fuse only
-    /// (the kernel does not offer the ring, or `dev_fuse_only`). The threads register
-    /// their entries just after the mount returns.
+    /// The FUSE-over-io_uring entries serving this mount (one per serving thread, the
+    /// threads spread over the CPUs' queues); 0 when /dev/fuse serves it (the kernel does
+    /// not offer the ring, `dev_fuse_only`, or the ring was turned off) or until the
+    /// threads, which register just after the mount returns, have all done so.
     pub fn ring_entries(&self) -> usize {
         self.session.ring_entries()
     }

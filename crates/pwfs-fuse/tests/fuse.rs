@@ -385,15 +385,14 @@ fn fuse_over_io_uring_serves_the_mount() {
         pwfs::mkfs(&*dev, &MkfsOptions::default()).unwrap();
         let fs = Fs::mount(dev, Config { cache_bytes: 8 << 20, ..Default::default() }).unwrap();
         let o = MountOptions { dev_fuse_only, threads: Some(3), kernel_cache: cache, ..Default::default() };
-        // The connection keeps what it agreed at INIT, which the mount has answered
-        // when it returns; other mounts of this test binary may take the ring meanwhile,
-        // which is what every mount does where the parameter is on.
+        // On while the mount lives (as `pwfs bench fuse` keeps it); other mounts of this
+        // test binary may take the ring meanwhile, which is what every mount does where
+        // the parameter is on.
         let Some(param) = EnableUring::set(true) else {
             eprintln!("skipping: this kernel has no FUSE over io_uring");
             return;
         };
         let (dir, mounted) = mount_in(&fs, &format!("uring-{dev_fuse_only}-{cache:?}"), &o);
-        drop(param);
         let want: usize = if dev_fuse_only {
             0
         } else {
@@ -455,6 +454,7 @@ fn fuse_over_io_uring_serves_the_mount() {
         let big: Vec<u8> = (0..(1usize << 20) + 1).map(|i| (i * 7 % 251) as u8).collect();
         assert_eq!(fs.read_file("/f0").unwrap(), big, "the engine has what the kernel wrote");
         mounted.unmount().unwrap();
+        drop(param);
         fs.unmount().unwrap();
         let _ = std::fs::remove_dir(&dir);
     }

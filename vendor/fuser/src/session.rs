@@ -331,13 +331,12 @@ impl<FS: Filesystem> Session<FS> {
                         session_owner,
                     };
                     let ch = ring_ch.clone();
-                    let entries = ring_entries.clone();
                     let ready_tx = ready_tx.clone();
                     let payload = plan.payload();
                     let shared = shared.clone();
                     let spin = config.uring_spin;
                     match thread::Builder::new().name(thread_name).spawn(move || {
-                        crate::uring::serve(event_loop, ch, q, payload, entries, ready_tx, shared, spin)
+                        crate::uring::serve(event_loop, ch, q, payload, ready_tx, shared, spin)
                     }) {
                         Ok(t) => {
                             threads.push(t);
@@ -362,8 +361,18 @@ impl<FS: Filesystem> Session<FS> {
             }
             if failed && taken.contains(&0) {
                 plan.turn_off(ring_ch.as_fd().as_raw_fd());
-            } else if failed {
-                warn!("FUSE over io_uring: some serving threads have no ring entry; every queue has one");
+            } else {
+                if failed {
+                    // A refusal by the kernel has cleared the connection's io_uring
+                    // flag, yet the ring is ready and serves; with the fuse module's
+                    // enable_uring off, the kernel would refuse the entries' next
+                    // commits (DECISIONS, "FUSE over io_uring").
+                    error!(
+                        "FUSE over io_uring: some serving threads have no ring entry (every queue has one); \
+                         keep the fuse module's enable_uring on while this mount lives"
+                    );
+                }
+                ring_entries.store(taken.iter().sum(), std::sync::atomic::Ordering::Relaxed);
             }
         }
 

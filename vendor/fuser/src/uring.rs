@@ -2,8 +2,9 @@
 //! module's `enable_uring` parameter).
 //!
 //! When the file system asks for `FUSE_OVER_IO_URING` in `init` and the kernel offers it,
-//! the session registers ring entries with the kernel: one queue per possible CPU, and on
-//! each queue one entry per serving thread, every thread with an io_uring of its own.
+//! the session registers ring entries with the kernel: one queue per possible CPU, the
+//! session's serving threads spread over the online CPUs' queues (one for an offline
+//! CPU's), each thread with an io_uring of its own and one entry.
 //! The kernel puts a request on the queue of the CPU its caller runs on and completes one
 //! of that queue's entries with it; the thread serving the entry dispatches it like a
 //! request read from /dev/fuse, and its reply goes back in the same entry together with
@@ -91,6 +92,22 @@ fn new_ring() -> io::Result<IoUring<squeue::Entry128, cqueue::Entry>> {
 pub(crate) struct Shared {
     busy: AtomicUsize,
     polling: AtomicBool,
+}
+
+/// A request being served, counted in `Shared::busy` until dropped (also by a panic).
+struct Busy<'a>(&'a AtomicUsize);
+
+impl<'a> Busy<'a> {
+    fn new(busy: &'a AtomicUsize) -> Busy<'a> {
+        busy.fetch_add(1, Ordering::Relaxed);
+        Busy(busy)
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// The CPUs of a list such as `0-3,5,7-8` (the kernel's cpu list format).
@@ -423,33 +440,18 @@ fn command(fd: i32, op: u32, commit_id: u64, qid: u16, iovecs: Option<*const lib
 }
 
 /// Serves one entry of queue `qid` until the connection ends. `ready` hears once
-/// whether the entry was registered; `entries` counts the entries registered now.
+/// whether the entry was registered.
 pub(crate) fn serve<FS: Filesystem>(
     se: SessionEventLoop<FS>,
     ch: Channel,
     qid: u16,
     payload: usize,
-    entries: Arc<AtomicUsize>,
     ready: mpsc::Sender<(u16, bool)>,
     shared: Arc<Shared>,
     spin: Duration,
 ) -> io::Result<()> {
-    /// Counts the entry out however the thread ends.
-    struct Registered<'a>(&'a AtomicUsize, bool);
-    impl Drop for Registered<'_> {
-        fn drop(&mut self) {
-            if self.1 {
-                self.0.fetch_sub(1, Ordering::Relaxed);
-            }
-        }
-    }
-    let mut registered = Registered(&entries, false);
     let mut ready = Some(ready);
     let result = serve_entry(se, ch, qid, payload, &shared, spin, &mut |ok| {
-        if ok {
-            registered.0.fetch_add(1, Ordering::Relaxed);
-            registered.1 = true;
-        }
         if let Some(r) = ready.take() {
             let _ = r.send((qid, ok));
         }
@@ -495,14 +497,23 @@ fn serve_entry<FS: Filesystem>(
     }
     // The command is issued at submission: a refusal is in the completion queue when
     // `submit` returns; an entry taken completes only with a request.
+    let mut tries = 0;
     loop {
         match ring.submit() {
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) && tries < 1000 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_micros(100));
+            }
             r => break r.map(drop)?,
         }
     }
-    let refused = ring.completion().is_empty().then_some(()).is_none();
-    registered(!refused);
+    let refused = ring.completion().next().map(|c| c.result());
+    registered(refused.is_none());
+    if let Some(res) = refused {
+        let e = io::Error::from_raw_os_error(-res);
+        warn!("FUSE over io_uring: queue {qid} refused an entry ({e})");
+        return Err(e);
+    }
     let mut next: Option<squeue::Entry128> = None;
     loop {
         if let Some(sqe) = next.take() {
@@ -512,14 +523,16 @@ fn serve_entry<FS: Filesystem>(
             }
         }
         // A synchronous caller's next request usually follows within microseconds of
-        // the answer: one thread of the session, the one that answered last (the kernel
-        // hands the most recently returned entry out first), polls for it while nothing
-        // else is being served, instead of going to sleep and being woken (on this
+        // the answer: one thread of the session (normally the one that answered last,
+        // whose entry the kernel hands out first) polls for it while nothing else is
+        // being served, instead of going to sleep and being woken (on this
         // 2-vCPU VM a wake-up of an idle CPU is most of a request's cost; DECISIONS).
-        if !spin.is_zero() && shared.busy.load(Ordering::Relaxed) == 0 && !shared.polling.swap(true, Ordering::Acquire)
-        {
+        let until = if spin.is_zero() { None } else { std::time::Instant::now().checked_add(spin) };
+        let poll = until.is_some()
+            && shared.busy.load(Ordering::Relaxed) == 0
+            && !shared.polling.swap(true, Ordering::Acquire);
+        if let (true, Some(until)) = (poll, until) {
             let _ = ring.submit();
-            let until = std::time::Instant::now() + spin;
             while ring.completion().is_empty()
                 && shared.busy.load(Ordering::Relaxed) == 0
                 && std::time::Instant::now() < until
@@ -548,11 +561,7 @@ fn serve_entry<FS: Filesystem>(
                 libc::ENOTCONN | libc::ECONNABORTED | libc::ECANCELED | libc::ENODEV => Ok(()),
                 e => {
                     let e = io::Error::from_raw_os_error(e);
-                    if refused {
-                        warn!("FUSE over io_uring: queue {qid} refused an entry ({e})");
-                    } else {
-                        error!("FUSE over io_uring: queue {qid}: {e}");
-                    }
+                    error!("FUSE over io_uring: queue {qid} lost an entry: {e}");
                     Err(e)
                 }
             };
@@ -582,7 +591,7 @@ fn serve_entry<FS: Filesystem>(
             );
         }
         slot.begin(payload_len == 0, commit_id);
-        shared.busy.fetch_add(1, Ordering::Relaxed);
+        let busy = Busy::new(&shared.busy);
         // SAFETY: `start..PAYLOAD_AT + payload_len` is inside the mapping and was written
         // by the kernel or above; while the slice lives, replies write only the header
         // buffer's first 16 bytes (below `start`), the payload buffer when the request
@@ -607,7 +616,7 @@ fn serve_entry<FS: Filesystem>(
             None => answer_error(&slot, commit_id, libc::EIO),
         }
         slot.finish();
-        shared.busy.fetch_sub(1, Ordering::Relaxed);
+        drop(busy);
         next = Some(command(fd, CMD_COMMIT_AND_FETCH, commit_id, qid, None));
         if destroy {
             if let Some(sqe) = next.take() {
