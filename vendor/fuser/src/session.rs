@@ -145,7 +145,8 @@ pub struct Session<FS: Filesystem> {
     /// (src/uring.rs).
     #[cfg(target_os = "linux")]
     pub(crate) uring: Option<crate::uring::Plan>,
-    /// Patchwork: ring entries registered with the kernel now.
+    /// Patchwork: the ring entries serving the session, once `run` has settled the ring
+    /// (0: /dev/fuse serves it).
     pub(crate) ring_entries: Arc<std::sync::atomic::AtomicUsize>,
 }
 
@@ -666,7 +667,7 @@ pub struct BackgroundSession {
     sender: ChannelSender,
     /// Ensures the filesystem is unmounted when the session ends
     mount: Option<Mount>,
-    /// Patchwork: ring entries registered with the kernel now (FUSE over io_uring).
+    /// Patchwork: the ring entries serving the session (FUSE over io_uring).
     ring_entries: Arc<std::sync::atomic::AtomicUsize>,
 }
 
@@ -684,9 +685,9 @@ impl BackgroundSession {
         Notifier::new(self.sender.clone())
     }
 
-    /// Patchwork: the FUSE-over-io_uring entries registered with the kernel now (0: the
-    /// session is served through /dev/fuse only). The serving threads register theirs
-    /// after `spawn` returns.
+    /// Patchwork: the FUSE-over-io_uring entries serving the session (0: /dev/fuse serves
+    /// it, or the serving threads, which register theirs after `spawn` returns, have not
+    /// all done so yet).
     pub fn ring_entries(&self) -> usize {
         self.ring_entries.load(std::sync::atomic::Ordering::Relaxed)
     }

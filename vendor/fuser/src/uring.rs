@@ -510,9 +510,15 @@ fn serve_entry<FS: Filesystem>(
     let refused = ring.completion().next().map(|c| c.result());
     registered(refused.is_none());
     if let Some(res) = refused {
-        let e = io::Error::from_raw_os_error(-res);
-        warn!("FUSE over io_uring: queue {qid} refused an entry ({e})");
-        return Err(e);
+        return match -res {
+            // The connection ended (unmount, abort) before the entry was taken.
+            libc::ENOTCONN | libc::ECONNABORTED | libc::ECANCELED | libc::ENODEV => Ok(()),
+            e => {
+                let e = io::Error::from_raw_os_error(e);
+                warn!("FUSE over io_uring: queue {qid} refused an entry ({e})");
+                Err(e)
+            }
+        };
     }
     let mut next: Option<squeue::Entry128> = None;
     loop {
