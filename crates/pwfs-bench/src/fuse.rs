@@ -65,35 +65,6 @@ fn run_cmd(cmd: &mut Command) -> R<()> {
 /// (no page cache to reclaim) at their limit and killed by the OOM killer now and then.
 const WORKLOAD_MEMORY: u64 = 128 * MIB;
 
-/// The fuse module's switch for FUSE over io_uring (Linux 6.14+, `CONFIG_FUSE_IO_URING`).
-const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
-
-/// `enable_uring` turned on while this lives (a connection keeps what it agreed at INIT),
-/// and back to what it was when dropped.
-struct UringParam {
-    was: Option<String>,
-    result: R<()>,
-}
-
-impl UringParam {
-    fn on() -> UringParam {
-        let was = match std::fs::read_to_string(ENABLE_URING) {
-            Ok(v) => v.trim().to_string(),
-            Err(e) => return UringParam { was: None, result: Err(format!("no {ENABLE_URING}: {e}")) },
-        };
-        let result = std::fs::write(ENABLE_URING, "Y").map_err(|e| format!("{ENABLE_URING} not writable: {e}"));
-        UringParam { was: Some(was), result }
-    }
-}
-
-impl Drop for UringParam {
-    fn drop(&mut self) {
-        if let (Some(was), Ok(())) = (&self.was, &self.result) {
-            let _ = std::fs::write(ENABLE_URING, was);
-        }
-    }
-}
-
 /// One side of the comparison: a directory, and the engine behind it if it is ours.
 struct Side {
     name: &'static str,
@@ -318,7 +289,7 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
     let mut param = None;
     for (name, cache, uring) in modes {
         if uring {
-            param = Some(UringParam::on());
+            param = Some(pwfs_fuse::EnableUring::on().map_err(|e| format!("{}: {e}", pwfs_fuse::ENABLE_URING)));
         }
         let image = o.dir.join(format!("{name}.img"));
         let mnt = o.dir.join(format!("{name}-mnt"));
@@ -335,7 +306,7 @@ pub fn run(o: &Opts, progress: &mut dyn FnMut(&str)) -> R<Report> {
     }
     // Kept on until the mounts are gone: a connection whose ring is ready but whose
     // io_uring flag a refused registration cleared needs it (DECISIONS).
-    let param_result = param.as_ref().map_or(Ok(()), |p| p.result.clone());
+    let param_result = param.as_ref().map_or(Ok(()), |p| p.as_ref().map(drop).map_err(Clone::clone));
     sides.push(Side { name: "ext4", dir: ext4.clone(), fs: None });
     let tarball = o.dir.join("src.tar");
     run_cmd(Command::new("tar").arg("-C").arg("/usr").arg("-cf").arg(&tarball).arg("include"))?;

@@ -298,8 +298,7 @@ fn serve(a: &MountArgs, report: &mut Option<std::fs::File>) -> Result<ExitCode, 
         mountpoint.display()
     );
     // The serving threads register their ring entries right after the mount returns.
-    let offered = std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring").is_ok_and(|v| v.trim() == "Y");
-    if o.fuse_uring != Some(false) && offered {
+    if o.fuse_uring != Some(false) && pwfs_fuse::uring_offered() {
         let start = std::time::Instant::now();
         while mounted.ring_entries() == 0 && start.elapsed() < std::time::Duration::from_millis(100) {
             std::thread::sleep(std::time::Duration::from_millis(2));

@@ -1618,6 +1618,38 @@ pub fn options(allow_other: bool, threads: usize) -> fuser::Config {
     config
 }
 
+/// The fuse module's switch for FUSE over io_uring (Linux 6.14+, `CONFIG_FUSE_IO_URING`):
+/// off by default; the kernel offers the ring to the mounts made while it is on.
+pub const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Whether the kernel offers FUSE over io_uring to a mount made now.
+pub fn uring_offered() -> bool {
+    std::fs::read_to_string(ENABLE_URING).is_ok_and(|v| v.trim() == "Y")
+}
+
+/// `enable_uring` turned on while this lives and put back as it was when dropped (for
+/// benchmarks and tests; a connection keeps what it agreed at INIT, but keep this alive
+/// as long as the mounts made under it, see docs/DECISIONS.md).
+#[derive(Debug)]
+pub struct EnableUring {
+    was: String,
+}
+
+impl EnableUring {
+    /// Errors: the kernel has no such switch, or it cannot be written (not root).
+    pub fn on() -> std::io::Result<EnableUring> {
+        let was = std::fs::read_to_string(ENABLE_URING)?.trim().to_string();
+        std::fs::write(ENABLE_URING, "Y")?;
+        Ok(EnableUring { was })
+    }
+}
+
+impl Drop for EnableUring {
+    fn drop(&mut self) {
+        let _ = std::fs::write(ENABLE_URING, &self.was);
+    }
+}
+
 /// With FUSE over io_uring, how long the thread that answered last polls for the next
 /// request while no other is being served (yielding to any runnable thread), before it
 /// sleeps: a synchronous caller's next request comes within it, and is taken without a

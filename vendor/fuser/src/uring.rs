@@ -375,34 +375,18 @@ impl Slot {
             return Err(io::Error::other("a reply for a ring entry with no request out"));
         }
         let total: usize = data.iter().map(|s| s.len()).sum();
-        let mut header = [0u8; OUT_HEADER];
-        let mut rest = Vec::new();
-        let mut at = 0usize;
-        for s in data {
-            let s: &[u8] = s;
-            let h = OUT_HEADER.saturating_sub(at).min(s.len());
-            header[at.min(OUT_HEADER)..at.min(OUT_HEADER) + h].copy_from_slice(&s[..h]);
-            if h < s.len() {
-                rest.push(&s[h..]);
-            }
-            at += s.len();
-        }
         let payload = total.saturating_sub(OUT_HEADER);
-        let mut result = Ok(());
-        if total < OUT_HEADER || payload > self.mem.payload {
-            // An answer the entry cannot carry: tell the caller EIO instead.
-            let mut h = [0u8; OUT_HEADER];
-            h[..4].copy_from_slice(&(OUT_HEADER as u32).to_ne_bytes());
-            h[4..8].copy_from_slice(&(-libc::EIO).to_ne_bytes());
-            h[8..16].copy_from_slice(&st.unique.to_ne_bytes());
-            header = h;
-            rest.clear();
-            result = Err(io::Error::other(format!("a reply of {total} bytes does not fit the ring entry")));
-        }
-        self.mem.write(0, &header);
+        let fits = total >= OUT_HEADER && payload <= self.mem.payload;
+        // The header is the first 16 bytes of the slices, the payload the rest.
+        let mut header = [0u8; OUT_HEADER];
+        let mut need = OUT_HEADER;
         st.len = 0;
         st.staged.clear();
-        for s in rest {
+        for s in data.iter().map(|s| &s[..]).filter(|_| fits) {
+            let h = need.min(s.len());
+            header[OUT_HEADER - need..OUT_HEADER - need + h].copy_from_slice(&s[..h]);
+            need -= h;
+            let s = &s[h..];
             if st.direct {
                 self.mem.write(PAYLOAD_AT + st.len, s);
             } else {
@@ -410,6 +394,17 @@ impl Slot {
             }
             st.len += s.len();
         }
+        if !fits {
+            // An answer the entry cannot carry: tell the caller EIO instead.
+            header[..4].copy_from_slice(&(OUT_HEADER as u32).to_ne_bytes());
+            header[4..8].copy_from_slice(&(-libc::EIO).to_ne_bytes());
+            header[8..16].copy_from_slice(&st.unique.to_ne_bytes());
+        }
+        self.mem.write(0, &header);
+        let result = match fits {
+            true => Ok(()),
+            false => Err(io::Error::other(format!("a reply of {total} bytes does not fit the ring entry"))),
+        };
         st.done = true;
         self.cond.notify_one();
         result
@@ -533,11 +528,12 @@ fn serve_entry<FS: Filesystem>(
         // whose entry the kernel hands out first) polls for it while nothing else is
         // being served, instead of going to sleep and being woken (on this
         // 2-vCPU VM a wake-up of an idle CPU is most of a request's cost; DECISIONS).
-        let until = if spin.is_zero() { None } else { std::time::Instant::now().checked_add(spin) };
-        let poll = until.is_some()
+        let poll = !spin.is_zero()
             && shared.busy.load(Ordering::Relaxed) == 0
             && !shared.polling.swap(true, Ordering::Acquire);
-        if let (true, Some(until)) = (poll, until) {
+        if poll {
+            // At most a second (a longer spin would only waste a CPU, and cannot overflow).
+            let until = std::time::Instant::now() + spin.min(Duration::from_secs(1));
             let _ = ring.submit();
             while ring.completion().is_empty()
                 && shared.busy.load(Ordering::Relaxed) == 0

@@ -43,9 +43,10 @@ pub struct Meta {
     /// The cells this lock's holders reached last, by inode number (direct-mapped):
     /// an operation reaches its parent and its inode a dozen times, and a lookup in
     /// `table` costs a shard lock and takes its cache line from the other CPUs. A slot
-    /// per 128 bytes (two lines, as the prefetcher pulls them), and 256 of them: threads creating in directories of their own
-    /// write their slots at every create and delete, and slots sharing a line (or a
-    /// slot two inodes meet in) passed between the CPUs each time.
+    /// per 128 bytes (two lines, as the prefetcher pulls them), and 256 of them:
+    /// threads creating in directories of their own write their slots at every create
+    /// and delete, and slots sharing a line (or a slot two inodes meet in) passed
+    /// between the CPUs each time.
     recent: [crossbeam_utils::CachePadded<Option<Arc<InodeCell>>>; RECENT],
     /// The running transaction's bookkeeping (its own lock).
     pub tx: Arc<Tx>,
