@@ -980,31 +980,20 @@ impl Filesystem for PwFuse {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyData,
     ) {
-        // One buffer per serving thread, grown (and zeroed) once: a fresh zeroed
-        // buffer per request cost a memset of every byte read (128 KiB for a
-        // readahead, 1 MiB for a sequential stream with the readahead this mount
-        // sets). Kept up to the largest request the kernel sends (`MAX_WRITE`; 16
-        // MiB for 16 threads that all served one); anything larger, which the kernel
-        // does not send, gets a buffer of its own.
-        const KEPT_READ_BUF: usize = MAX_WRITE as usize;
-        thread_local! {
-            static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-        }
+        // Answered straight from the engine's cache (the reply's iovecs point at its
+        // pages): a copy into a buffer of ours cost as much CPU as the kernel's copy
+        // of the reply into its page cache (a cold sequential read).
         self.view.touch(ino.0);
-        let size = size as usize;
-        let serve = |buf: &mut [u8]| match self.fs.read(ino.0, offset, buf) {
-            Ok(n) => reply.data(&buf[..n]),
-            Err(e) => reply.error(errno(e)),
-        };
-        if size > KEPT_READ_BUF {
-            return serve(&mut vec![0u8; size]);
-        }
-        BUF.with_borrow_mut(|buf| {
-            if buf.len() < size {
-                buf.resize(size, 0);
+        let mut reply = Some(reply);
+        let sent = self.fs.read_with(ino.0, offset, size as usize, |slices| {
+            let iov: Vec<std::io::IoSlice<'_>> = slices.iter().map(|s| std::io::IoSlice::new(s)).collect();
+            if let Some(r) = reply.take() {
+                r.data_vectored(&iov);
             }
-            serve(&mut buf[..size])
-        })
+        });
+        if let (Err(e), Some(r)) = (sent, reply) {
+            r.error(errno(e));
+        }
     }
 
     fn write(

@@ -83,6 +83,11 @@ impl Page {
         self.data.lock()
     }
 
+    /// The page's lock if no one holds it.
+    pub fn try_lock(&self) -> Option<MutexGuard<'_, PageData>> {
+        self.data.try_lock()
+    }
+
     /// Whether the page's key is in the dirty set now (see `listed`).
     pub fn listed(&self) -> bool {
         self.listed.load(Ordering::Acquire)

@@ -428,3 +428,48 @@ fn pages_holding_only_patches_count_against_the_patch_memory() {
     drop(f);
     fs.unmount().unwrap();
 }
+
+/// `Fs::read_with` (the FUSE read's reply straight from the cache) hands over the same
+/// bytes as `read`: cached pages as slices of their own, pages served from patches
+/// copied, holes as zeros, the end of file cut; under every fetch policy.
+#[test]
+fn read_with_hands_over_what_read_copies() {
+    for policy in POLICIES {
+        let (_dev, fs, mut data) = cold_file(policy);
+        let f = OpenOptions::new().read(true).write(true).open(&fs, "/f").unwrap();
+        let ino = f.ino();
+        // Patches on cold pages (served from them where they cover a read), and a
+        // hole past the old end.
+        for (at, bytes) in [(5000usize, &b"patched!"[..]), (20_000, b"xyz"), (40_955, b"across a page edge")] {
+            f.write_at(bytes, at as u64).unwrap();
+            data[at..at + bytes.len()].copy_from_slice(bytes);
+        }
+        f.set_len(80 * 1024).unwrap();
+        data.resize(80 * 1024, 0);
+        let joined = |offset: u64, len: usize| {
+            fs.read_with(ino, offset, len, |slices| {
+                (slices.len(), slices.iter().flat_map(|s| s.iter().copied()).collect::<Vec<u8>>())
+            })
+            .unwrap()
+        };
+        let cases =
+            [(5000, 8), (4990, 100), (20_000, 3), (0, 64 * 1024), (40_950, 30), (60_000, 20_000), (81_000, 9000)];
+        for (offset, len) in cases {
+            let (_, got) = joined(offset, len);
+            let end = (offset as usize + len).min(data.len()).max(offset as usize);
+            assert_eq!(got, data[offset as usize..end], "{policy:?}: {len} bytes at {offset}");
+            let mut b = vec![0u8; len];
+            let n = f.read_at(&mut b, offset).unwrap();
+            assert_eq!(got, b[..n], "{policy:?}: read_with and read agree");
+        }
+        // Past the end: nothing, and the closure still answers.
+        assert_eq!(joined(90_000, 10), (0, vec![]));
+        // Cached pages go over as they are: one slice per page, no copy.
+        f.sync_all().unwrap();
+        let (slices, got) = joined(100, 3 * 4096);
+        assert_eq!(got, data[100..100 + 3 * 4096]);
+        assert_eq!(slices, 4, "{policy:?}: an unaligned read of 3 pages spans 4 cached pages");
+        drop(f);
+        fs.unmount().unwrap();
+    }
+}

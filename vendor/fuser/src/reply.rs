@@ -232,6 +232,12 @@ impl ReplyData {
         self.reply.send_ll(&ll::ResponseSlice(data));
     }
 
+    /// Reply to a request with data in pieces, sent as they are (no copy into one
+    /// buffer). Patchwork's addition.
+    pub fn data_vectored(self, data: &[std::io::IoSlice<'_>]) {
+        self.reply.send_ll(&ll::ResponseSlices(data));
+    }
+
     /// Reply to a request with the given error code
     pub fn error(self, err: Errno) {
         self.reply.error(err);

@@ -10,13 +10,14 @@ use super::meta::{ftype_of, now, Meta, Place, TxSize};
 use super::perm::{self, Acl, Creator};
 use super::{Fs, FsInner};
 use crate::aios::Trace;
-use crate::cache::PageState;
+use crate::cache::{Page, PageData, PageState};
 use crate::commit::{entry_cost, Need};
 use crate::config::Stack;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::{self as f, BLOCK, BLOCK_SIZE};
 use crate::readahead::RaState;
 use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 
 /// Pages a write reserves space for (unmapped, not reserved yet) and pages whose
 /// unwritten blocks write-back will mark written (room for the split runs).
@@ -1440,9 +1441,134 @@ impl Fs {
         }
     }
 
+    /// `read`, with the bytes handed to `f` as slices of the cached pages instead of
+    /// copied into a buffer: a FUSE reply goes to the kernel straight from the cache.
+    /// `f` runs with the file's access lock held for reading (writers of the file
+    /// wait) and the pages locked; it must not call back into the engine. When a page
+    /// cannot be had at once (write-back holds it, or it is served from patches), the
+    /// bytes are copied, and `f` gets them as one slice. Empty at the end of file.
+    pub fn read_with<R>(&self, ino: u64, offset: u64, len: usize, f: impl FnOnce(&[&[u8]]) -> R) -> Result<R> {
+        self.inner.check_up()?;
+        let cell = self.inner.cell(ino)?;
+        let trace = Trace::begin(self.inner.config.trace_io);
+        let r = {
+            let _g = cell.io.read();
+            match self.read_prepare(&cell, &cell.ra, offset, len)? {
+                None => f(&[]),
+                Some((pages, len)) => self.lend_pages(ino, &pages, offset, len, f)?,
+            }
+        };
+        trace.end(&self.inner.times.reads);
+        if self.inner.config.atime {
+            self.touch_atime(&cell);
+        }
+        Ok(r)
+    }
+
+    /// `read_with`'s hand-over: each page made readable first (as `read` does, locks
+    /// let go in between), then all of them locked at once without waiting (never
+    /// two pages waited for while one is held: no lock order to keep), or else
+    /// copied.
+    fn lend_pages<R>(
+        &self,
+        ino: u64,
+        pages: &[Arc<Page>],
+        offset: u64,
+        len: usize,
+        f: impl FnOnce(&[&[u8]]) -> R,
+    ) -> Result<R> {
+        let mut scratch = [0u8; BLOCK_SIZE];
+        let mut direct = true;
+        let mut done = 0;
+        for p in pages {
+            let pos = offset + done as u64;
+            let in_page = (pos % BLOCK) as usize;
+            let n = (BLOCK_SIZE - in_page).min(len - done);
+            // Served from its patches: copied whatever happens.
+            direct &= self.ready_page(ino, p, in_page, &mut scratch[..n])?.is_some();
+            done += n;
+        }
+        let guards: Option<Vec<_>> = if direct { pages.iter().map(|p| p.try_lock()).collect() } else { None };
+        let readable = |g: &PageData| g.buf.is_some() && !g.failed && g.state != PageState::Outdated;
+        if let Some(guards) = guards.filter(|gs| gs.iter().all(|g| readable(g))) {
+            let mut slices = Vec::with_capacity(guards.len());
+            let mut done = 0;
+            for g in &guards {
+                let in_page = ((offset + done as u64) % BLOCK) as usize;
+                let n = (BLOCK_SIZE - in_page).min(len - done);
+                slices.push(&g.data()[in_page..in_page + n]);
+                done += n;
+            }
+            return Ok(f(&slices));
+        }
+        let mut buf = vec![0u8; len];
+        let n = self.copy_pages(ino, pages, offset, &mut buf)?;
+        Ok(f(&[&buf[..n]]))
+    }
+
+    /// Wait until `p` is readable: its guard, or None when the bytes at `in_page`
+    /// (`out.len()` of them) were served from its patches into `out` (non-blocking
+    /// writes: a page whose patches hold every byte asked for is not fetched).
+    fn ready_page<'p>(
+        &self,
+        ino: u64,
+        p: &'p Arc<Page>,
+        in_page: usize,
+        out: &mut [u8],
+    ) -> Result<Option<parking_lot::MutexGuard<'p, PageData>>> {
+        let mut g = p.wait();
+        if g.state == PageState::Outdated {
+            if g.read_patches(in_page, out) {
+                self.inner.stats.reads_from_patches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                return Ok(None);
+            }
+            drop(g);
+            self.inner.resolve(ino, vec![p.clone()])?;
+            g = p.wait();
+        }
+        if g.failed {
+            return Err(Error::io("read of a page failed"));
+        }
+        Ok(Some(g))
+    }
+
+    /// Copy `buf.len()` bytes at `offset` out of `pages` (the pages of that range, in
+    /// order), each waited for or served from its patches.
+    fn copy_pages(&self, ino: u64, pages: &[Arc<Page>], offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let len = buf.len();
+        let mut done = 0;
+        for p in pages {
+            let pos = offset + done as u64;
+            let in_page = (pos % BLOCK) as usize;
+            let n = (BLOCK_SIZE - in_page).min(len - done);
+            if let Some(g) = self.ready_page(ino, p, in_page, &mut buf[done..done + n])? {
+                buf[done..done + n].copy_from_slice(&g.data()[in_page..in_page + n]);
+            }
+            done += n;
+        }
+        Ok(done)
+    }
+
     fn read_data(&self, cell: &InodeCell, ra: &RaState, offset: u64, buf: &mut [u8]) -> Result<usize> {
-        let ino = cell.ino;
         let _g = cell.io.read();
+        match self.read_prepare(cell, ra, offset, buf.len())? {
+            None => Ok(0),
+            Some((pages, len)) => self.copy_pages(cell.ino, &pages, offset, &mut buf[..len]),
+        }
+    }
+
+    /// The pages of a read of `len` bytes at `offset`, with the caller holding the
+    /// file's access lock for reading: cached ones, the others put on the device
+    /// (readahead started too), and the length cut at the end of file. None when
+    /// there is nothing to read.
+    fn read_prepare(
+        &self,
+        cell: &InodeCell,
+        ra: &RaState,
+        offset: u64,
+        len: usize,
+    ) -> Result<Option<(Vec<Arc<Page>>, usize)>> {
+        let ino = cell.ino;
         if cell.freed() {
             return Err(Error::not_found(format!("inode {ino} is not in use")));
         }
@@ -1450,10 +1576,10 @@ impl Fs {
             return Err(Error::is_dir(""));
         }
         let size = cell.size();
-        if offset >= size || buf.is_empty() {
-            return Ok(0);
+        if offset >= size || len == 0 {
+            return Ok(None);
         }
-        let len = (buf.len() as u64).min(size - offset) as usize;
+        let len = (len as u64).min(size - offset) as usize;
         let (first, last) = (offset / BLOCK, (offset + len as u64 - 1) / BLOCK);
         self.inner.readahead(ino, ra, offset, len as u64, size);
         cell.note_pages(last + 1);
@@ -1473,30 +1599,7 @@ impl Fs {
             self.inner.fetch(ino, missing)?;
             pages
         };
-        let mut done = 0;
-        for p in pages {
-            let pos = offset + done as u64;
-            let in_page = (pos % BLOCK) as usize;
-            let n = (BLOCK_SIZE - in_page).min(len - done);
-            let mut g = p.wait();
-            if g.state == PageState::Outdated {
-                // Non-blocking read: served from the patches when they hold every byte.
-                if g.read_patches(in_page, &mut buf[done..done + n]) {
-                    self.inner.stats.reads_from_patches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    done += n;
-                    continue;
-                }
-                drop(g);
-                self.inner.resolve(ino, vec![p.clone()])?;
-                g = p.wait();
-            }
-            if g.failed {
-                return Err(Error::io("read of a page failed"));
-            }
-            buf[done..done + n].copy_from_slice(&g.data()[in_page..in_page + n]);
-            done += n;
-        }
-        Ok(done)
+        Ok(Some((pages, len)))
     }
 
     /// Write `data` at `offset` (or at the end of file when `append`); returns the

@@ -61,6 +61,16 @@ impl Response for ResponseSlice<'_> {
     }
 }
 
+/// Data in several pieces, written as one reply without joining them (Patchwork: a
+/// read answered straight from its page cache).
+pub(crate) struct ResponseSlices<'a>(pub(crate) &'a [IoSlice<'a>]);
+
+impl Response for ResponseSlices<'_> {
+    fn payload(&self) -> &[IoSlice<'_>] {
+        self.0
+    }
+}
+
 pub(crate) struct ResponseEmpty;
 
 impl Response for ResponseEmpty {
