@@ -73,6 +73,26 @@ impl PageData {
     }
 
     /// Copy `out.len()` bytes at `offset` from the patches if they cover all of them.
+    /// Whether the patches hold every byte of `offset..offset + len` (what
+    /// `read_patches` would serve), without copying them.
+    pub fn patches_cover(&self, offset: usize, len: usize) -> bool {
+        let mut runs: Vec<(usize, usize)> = self
+            .patches
+            .iter()
+            .map(|p| (p.offset as usize, p.offset as usize + p.data.len()))
+            .filter(|&(s, e)| s < offset + len && e > offset)
+            .collect();
+        runs.sort_unstable();
+        let mut covered = offset;
+        for (s, e) in runs {
+            if s > covered {
+                return false;
+            }
+            covered = covered.max(e);
+        }
+        covered >= offset + len
+    }
+
     pub fn read_patches(&self, offset: usize, out: &mut [u8]) -> bool {
         let mut covered = vec![false; out.len()];
         for p in &self.patches {

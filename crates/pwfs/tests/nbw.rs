@@ -452,6 +452,13 @@ fn read_with_hands_over_what_read_copies() {
             })
             .unwrap()
         };
+        if policy == FetchPolicy::Lazy {
+            // Two pages only their patches hold (across a page edge): copied into one
+            // slice, and each counted once as served from patches.
+            let before = fs.nbw_stats().reads_from_patches;
+            assert_eq!(joined(40_955, 18), (1, b"across a page edge".to_vec()));
+            assert_eq!(fs.nbw_stats().reads_from_patches - before, 2);
+        }
         let cases =
             [(5000, 8), (4990, 100), (20_000, 3), (0, 64 * 1024), (40_950, 30), (60_000, 20_000), (81_000, 9000)];
         for (offset, len) in cases {
@@ -465,10 +472,17 @@ fn read_with_hands_over_what_read_copies() {
         // Past the end: nothing, and the closure still answers.
         assert_eq!(joined(90_000, 10), (0, vec![]));
         // Cached pages go over as they are: one slice per page, no copy.
+        // (A background fetch finishing late may hold a page for an instant: the read
+        // is then copied, and tried again.)
         f.sync_all().unwrap();
-        let (slices, got) = joined(100, 3 * 4096);
-        assert_eq!(got, data[100..100 + 3 * 4096]);
-        assert_eq!(slices, 4, "{policy:?}: an unaligned read of 3 pages spans 4 cached pages");
+        let slices = (0..100)
+            .map(|_| {
+                let (slices, got) = joined(100, 3 * 4096);
+                assert_eq!(got, data[100..100 + 3 * 4096]);
+                slices
+            })
+            .find(|&n| n != 1);
+        assert_eq!(slices, Some(4), "{policy:?}: an unaligned read of 3 pages spans 4 cached pages");
         drop(f);
         fs.unmount().unwrap();
     }

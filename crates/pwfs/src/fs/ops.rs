@@ -1451,17 +1451,17 @@ impl Fs {
         self.inner.check_up()?;
         let cell = self.inner.cell(ino)?;
         let trace = Trace::begin(self.inner.config.trace_io);
-        let r = {
-            let _g = cell.io.read();
-            match self.read_prepare(&cell, &cell.ra, offset, len)? {
-                None => f(&[]),
-                Some((pages, len)) => self.lend_pages(ino, &pages, offset, len, f)?,
-            }
-        };
-        trace.end(&self.inner.times.reads);
+        let _g = cell.io.read();
+        let prepared = self.read_prepare(&cell, &cell.ra, offset, len)?;
+        // Before the reply: a stat that follows the read sees the new access time.
         if self.inner.config.atime {
             self.touch_atime(&cell);
         }
+        let r = match prepared {
+            None => f(&[]),
+            Some((pages, len)) => self.lend_pages(ino, &pages, offset, len, f)?,
+        };
+        trace.end(&self.inner.times.reads);
         Ok(r)
     }
 
@@ -1484,8 +1484,19 @@ impl Fs {
             let pos = offset + done as u64;
             let in_page = (pos % BLOCK) as usize;
             let n = (BLOCK_SIZE - in_page).min(len - done);
-            // Served from its patches: copied whatever happens.
-            direct &= self.ready_page(ino, p, in_page, &mut scratch[..n])?.is_some();
+            // A page its patches can serve is read by the copy (and counted there).
+            let g = p.wait();
+            if g.state == PageState::Outdated && g.patches_cover(in_page, n) {
+                direct = false;
+                break;
+            }
+            drop(g);
+            // Patches no longer grow here (writers wait for the access lock), so the
+            // page is waited for or resolved, not served from them.
+            if self.ready_page(ino, p, in_page, &mut scratch[..n])?.is_none() {
+                direct = false;
+                break;
+            }
             done += n;
         }
         let guards: Option<Vec<_>> = if direct { pages.iter().map(|p| p.try_lock()).collect() } else { None };
