@@ -982,8 +982,7 @@ impl Filesystem for PwFuse {
     ) {
         // Answered straight from the engine's cache (the reply's iovecs point at its
         // pages): a copy into a buffer of ours cost as much CPU as the kernel's copy
-        // of the reply into its page cache (a cold sequential read).
-        // A reply's iovecs: the header and a slice per page of the largest read (the
+        // of the reply into its page cache (a cold sequential read). A reply's iovecs: the header and a slice per page of the largest read (the
         // kernel sends none over MAX_WRITE), which writev takes up to UIO_MAXIOV.
         const _: () = assert!(MAX_WRITE as usize / 4096 + 2 <= 1024);
         self.view.touch(ino.0);

@@ -72,7 +72,6 @@ impl PageData {
         self.patches.iter().map(|p| p.data.len()).sum()
     }
 
-    /// Copy `out.len()` bytes at `offset` from the patches if they cover all of them.
     /// Whether the patches hold every byte of `offset..offset + len` (what
     /// `read_patches` would serve), without copying them.
     pub fn patches_cover(&self, offset: usize, len: usize) -> bool {
@@ -93,6 +92,7 @@ impl PageData {
         covered >= offset + len
     }
 
+    /// Copy `out.len()` bytes at `offset` from the patches if they cover all of them.
     pub fn read_patches(&self, offset: usize, out: &mut [u8]) -> bool {
         let mut covered = vec![false; out.len()];
         for p in &self.patches {
