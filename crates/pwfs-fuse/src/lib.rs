@@ -982,15 +982,15 @@ impl Filesystem for PwFuse {
     ) {
         // Answered straight from the engine's cache (the reply's iovecs point at its
         // pages): a copy into a buffer of ours cost as much CPU as the kernel's copy
-        // of the reply into its page cache (a cold sequential read). A reply's iovecs: the header and a slice per page of the largest read (the
-        // kernel sends none over MAX_WRITE), which writev takes up to UIO_MAXIOV.
+        // of the reply into its page cache (a cold sequential read). The iovecs: the
+        // header and a slice per page of the largest read (the kernel sends none over
+        // MAX_WRITE), which writev takes up to UIO_MAXIOV.
         const _: () = assert!(MAX_WRITE as usize / 4096 + 2 <= 1024);
         self.view.touch(ino.0);
         let mut reply = Some(reply);
-        let sent = self.fs.read_with(ino.0, offset, size as usize, |slices| {
-            let iov: Vec<std::io::IoSlice<'_>> = slices.iter().map(|s| std::io::IoSlice::new(s)).collect();
+        let sent = self.fs.read_with(ino.0, offset, size as usize, |iov| {
             if let Some(r) = reply.take() {
-                r.data_vectored(&iov);
+                r.data_vectored(iov);
             }
         });
         if let (Err(e), Some(r)) = (sent, reply) {

@@ -2,7 +2,7 @@
 //! Needs root and /dev/fuse (CI has both); elsewhere it says so and does nothing.
 
 mod common;
-use common::{can_mount, mount_in};
+use common::{can_mount, errno, mount_in};
 use pwfs::device::mem::MemDevice;
 use pwfs::{Config, Fs, MkfsOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -12,10 +12,6 @@ use std::sync::Arc;
 /// Mount `fs` through the kernel, default options, on a fresh directory named after `name`.
 fn mount_on(fs: &Fs, name: &str) -> (std::path::PathBuf, pwfs_fuse::Mounted) {
     mount_in(fs, name, &Default::default())
-}
-
-fn errno<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
-    r.expect_err("expected an error").raw_os_error().expect("an OS error")
 }
 
 /// The mount's backing device info: readahead raised in the cached modes, and in

@@ -4,14 +4,10 @@
 //! Needs root and /dev/fuse (CI has both); elsewhere it says so and does nothing.
 
 mod common;
-use common::{can_mount, mount_in};
+use common::{can_mount, errno, mount_in};
 use pwfs::device::mem::MemDevice;
 use pwfs::{Config, Fs, MkfsOptions};
 use std::sync::Arc;
-
-fn errno<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
-    r.expect_err("expected an error").raw_os_error().expect("an OS error")
-}
 
 /// FUSE over io_uring: with the fuse module's `enable_uring` on at mount time, every
 /// serving thread registers a ring entry on its CPU's queue (the session's threads spread

@@ -23,3 +23,8 @@ pub fn mount_in(fs: &Fs, name: &str, options: &pwfs_fuse::MountOptions) -> (std:
     let mounted = pwfs_fuse::mount_with(fs.clone(), &dir, options).unwrap();
     (dir, mounted)
 }
+
+/// The errno of a call expected to fail.
+pub fn errno<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
+    r.expect_err("expected an error").raw_os_error().expect("an OS error")
+}

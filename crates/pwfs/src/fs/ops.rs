@@ -16,6 +16,7 @@ use crate::config::Stack;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::{self as f, BLOCK, BLOCK_SIZE};
 use crate::readahead::RaState;
+use std::io::IoSlice;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
@@ -1441,13 +1442,14 @@ impl Fs {
         }
     }
 
-    /// `read`, with the bytes handed to `f` as slices of the cached pages instead of
-    /// copied into a buffer: a FUSE reply goes to the kernel straight from the cache.
+    /// `read`, with the bytes handed to `f` as slices of the cached pages (ready for a
+    /// writev) instead of copied into a buffer: a FUSE reply goes to the kernel
+    /// straight from the cache.
     /// `f` runs with the file's access lock held for reading (writers of the file
     /// wait) and the pages locked; it must not call back into the engine. When a page
     /// cannot be had at once (write-back holds it, or it is served from patches), the
     /// bytes are copied, and `f` gets them as one slice. Empty at the end of file.
-    pub fn read_with<R>(&self, ino: u64, offset: u64, len: usize, f: impl FnOnce(&[&[u8]]) -> R) -> Result<R> {
+    pub fn read_with<R>(&self, ino: u64, offset: u64, len: usize, f: impl FnOnce(&[IoSlice<'_>]) -> R) -> Result<R> {
         self.inner.check_up()?;
         let cell = self.inner.cell(ino)?;
         let trace = Trace::begin(self.inner.config.trace_io);
@@ -1475,7 +1477,7 @@ impl Fs {
         pages: &[Arc<Page>],
         offset: u64,
         len: usize,
-        f: impl FnOnce(&[&[u8]]) -> R,
+        f: impl FnOnce(&[IoSlice<'_>]) -> R,
     ) -> Result<R> {
         let mut scratch = [0u8; BLOCK_SIZE];
         let mut direct = true;
@@ -1507,14 +1509,14 @@ impl Fs {
             for g in &guards {
                 let in_page = ((offset + done as u64) % BLOCK) as usize;
                 let n = (BLOCK_SIZE - in_page).min(len - done);
-                slices.push(&g.data()[in_page..in_page + n]);
+                slices.push(IoSlice::new(&g.data()[in_page..in_page + n]));
                 done += n;
             }
             return Ok(f(&slices));
         }
         let mut buf = vec![0u8; len];
         let n = self.copy_pages(ino, pages, offset, &mut buf)?;
-        Ok(f(&[&buf[..n]]))
+        Ok(f(&[IoSlice::new(&buf[..n])]))
     }
 
     /// Wait until `p` is readable: its guard, or None when the bytes at `in_page`
