@@ -1,12 +1,14 @@
 //! aios: the asynchronous I/O stack (mechanism 4, DESIGN.md §1.4; Lee et al., ATC'19).
 //! The device works while the stack does its bookkeeping, instead of after it.
 //!
-//! - Read miss ([`FsInner::read_pages_async`]): the pages not in the cache are mapped
+//! - Read miss ([`FsInner::read_pages_start`]): the pages not in the cache are mapped
 //!   from the inode's in-memory block map, their reads are put on the device, and only
 //!   then are their cache entries made; the buffers come from the device's registered
 //!   arena (the pool). Two threads missing on one page may both read it: the one whose
 //!   entry lost discards its copy. An entry is not readable until its read completes,
-//!   and a failed read wakes its waiters with the error.
+//!   and a failed read wakes its waiters with the error. The reader waits for its
+//!   reads without the file's lock (`Fs::read_pages`): a writer of the file does not
+//!   wait for the device on a reader's behalf.
 //! - Commit ([`FsInner::commit_overlapped`]): data writes are put on the device; without
 //!   waiting, the transaction's descriptor and images are built and put on the device;
 //!   the commit block is built while both are in flight; then the stack waits for data
@@ -142,19 +144,26 @@ impl Trace {
 
 impl FsInner {
     /// Pages `first..first + n` of a regular file for a read (the asynchronous
-    /// stack's miss path): cached pages as they are; the others read from the device,
-    /// their requests submitted before their cache entries are made. The pages this
-    /// call read are readable or failed when it returns; pages it found, or lost a
-    /// race for, may still be in another thread's fetch or write-back (the caller
-    /// waits on each page, as on the synchronous path). The caller holds the
-    /// file's I/O lock shared, so no write moves a block of the range meanwhile, and
-    /// has noted the range's end (`note_pages`) for truncates.
-    pub(crate) fn read_pages_async(&self, cell: &InodeCell, first: u64, n: u64) -> Result<Vec<Arc<Page>>> {
+    /// stack's miss path): cached pages as they are; the others put on the device,
+    /// their requests submitted before their cache entries are made, and returned
+    /// with the fetch to finish (`finish_fetch`, which makes them readable or failed).
+    /// The caller holds the file's I/O lock shared, so no write moves a block of the
+    /// range meanwhile, and has noted the range's end (`note_pages`) for truncates; it
+    /// may finish the fetch after letting go of the lock: the pages are in the cache,
+    /// where a truncate finds them and waits for them (as for readahead). Pages it
+    /// found, or lost a race for, may still be in another thread's fetch or write-back
+    /// (the caller waits on each page, as on the synchronous path).
+    pub(crate) fn read_pages_start(
+        &self,
+        cell: &InodeCell,
+        first: u64,
+        n: u64,
+    ) -> Result<(Vec<Arc<Page>>, Option<StartedFetch>)> {
         let ino = cell.ino;
         let mut found = self.cache.lookup_range(ino, first, n);
         let missing: Vec<u64> = (0..n).filter(|i| found[*i as usize].is_none()).map(|i| first + i).collect();
         if missing.is_empty() {
-            return Ok(found.into_iter().map(|p| p.expect("found")).collect());
+            return Ok((found.into_iter().map(|p| p.expect("found")).collect(), None));
         }
         // The block map is the inode's, in memory: no metadata I/O before submission.
         let maps: Vec<Option<u64>> = {
@@ -183,11 +192,11 @@ impl FsInner {
             }
             found[(*idx - first) as usize] = Some(p);
         }
-        if let Some(pending) = pending {
+        let started = pending.map(|pending| {
             let owners = runs.into_iter().map(|run| run.into_iter().map(|k| slot[k]).collect()).collect();
-            self.finish_fetch(StartedFetch { ino, pages: won, owners, pending })?;
-        }
-        Ok(found.into_iter().map(|p| p.expect("every page found or inserted")).collect())
+            StartedFetch { ino, pages: won, owners, pending }
+        });
+        Ok((found.into_iter().map(|p| p.expect("every page found or inserted")).collect(), started))
     }
 
     /// The asynchronous stack's commit of the running transaction (see the module

@@ -415,3 +415,166 @@ fn content_all(fs: &Fs, path: &str) -> Vec<u8> {
     assert_eq!(n as u64, size);
     buf
 }
+
+/// A device whose reads, while `held`, complete only when `release` is called: a test
+/// can keep a reader waiting for the device.
+struct HeldReads {
+    inner: Arc<pwfs::device::mem::MemDevice>,
+    /// (reads are held, reads waiting at the gate)
+    gate: Arc<(std::sync::Mutex<(bool, usize)>, std::sync::Condvar)>,
+}
+
+impl HeldReads {
+    fn hold(&self) {
+        self.gate.0.lock().unwrap().0 = true;
+    }
+
+    fn release(&self) {
+        self.gate.0.lock().unwrap().0 = false;
+        self.gate.1.notify_all();
+    }
+
+    fn waiting(&self) -> usize {
+        self.gate.0.lock().unwrap().1
+    }
+}
+
+/// A batch of reads that waits at the gate before it runs.
+struct GatedBatch {
+    inner: Arc<pwfs::device::mem::MemDevice>,
+    ops: Option<Vec<pwfs::device::Op>>,
+    gate: Arc<(std::sync::Mutex<(bool, usize)>, std::sync::Condvar)>,
+}
+
+impl pwfs::device::Completion for GatedBatch {
+    fn poll(&mut self) -> bool {
+        !self.gate.0.lock().unwrap().0
+    }
+
+    fn wait(&mut self) -> Vec<pwfs::device::Done> {
+        let mut g = self.gate.0.lock().unwrap();
+        g.1 += 1;
+        self.gate.1.notify_all();
+        while g.0 {
+            g = self.gate.1.wait(g).unwrap();
+        }
+        g.1 -= 1;
+        drop(g);
+        pwfs::device::Device::submit(&*self.inner, self.ops.take().expect("waited for once"))
+    }
+}
+
+impl pwfs::device::Device for HeldReads {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+
+    fn name(&self) -> &'static str {
+        "held-reads"
+    }
+
+    fn start(&self, ops: Vec<pwfs::device::Op>) -> pwfs::device::Pending {
+        let reads = ops.iter().all(|o| o.kind == pwfs::device::OpKind::Read);
+        if reads && self.gate.0.lock().unwrap().0 {
+            let batch = GatedBatch { inner: self.inner.clone(), ops: Some(ops), gate: self.gate.clone() };
+            return pwfs::device::Pending::new(Box::new(batch));
+        }
+        self.inner.start(ops)
+    }
+}
+
+/// A reader waiting for the device does not hold up writers of the same file: the
+/// wait is made without the file's lock (`Fs::read_pages`), under both stacks. A
+/// write to another page and an overwrite of the page being read both return while
+/// the read is still on the device; the read then returns the page as it was or as
+/// the overwrite left it, never a mix, and a truncate waits for the page and leaves
+/// the read with the data or nothing.
+#[test]
+fn a_reader_waiting_for_the_device_does_not_hold_up_writers() {
+    for stack in [Stack::Async, Stack::Sync] {
+        let image = formatted_image(16 * MIB, &MkfsOptions::default());
+        let (dev, fs) = sim_fs(image, SimConfig::default(), test_config());
+        let f = OpenOptions::new().write(true).create(true).open(&fs, "/f").unwrap();
+        for p in 0..8 {
+            f.write_at(&page(p), p * 4096).unwrap();
+        }
+        drop(f);
+        fs.unmount().unwrap();
+        let mem = Arc::new(pwfs::device::mem::MemDevice::from_vec(dev.snapshot()));
+        let held = Arc::new(HeldReads { inner: mem, gate: Default::default() });
+        // No readahead: the only read on the device is the reader's.
+        let cfg = Config { stack, readahead_pages: 0, ..test_config() };
+        let fs = Fs::mount(held.clone(), cfg).unwrap();
+        let f = Arc::new(OpenOptions::new().read(true).write(true).open(&fs, "/f").unwrap());
+        held.hold();
+        let reader = {
+            let f = f.clone();
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 4096];
+                let n = f.read_at(&mut buf, 0).unwrap();
+                buf.truncate(n);
+                buf
+            })
+        };
+        let t = std::time::Instant::now();
+        while held.waiting() == 0 {
+            assert!(t.elapsed() < Duration::from_secs(10), "{stack:?}: the read never reached the device");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let writes = {
+            let f = f.clone();
+            std::thread::spawn(move || {
+                f.write_at(&[9u8; 4096], 5 * 4096).unwrap();
+                f.write_at(&[7u8; 4096], 0).unwrap();
+            })
+        };
+        let t = std::time::Instant::now();
+        while !writes.is_finished() {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "{stack:?}: a write of the file waited for another thread's read of the device"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        writes.join().unwrap();
+        assert_eq!(held.waiting(), 1, "{stack:?}: the read is still on the device");
+        held.release();
+        let got = reader.join().unwrap();
+        assert!(got == page(0) || got == vec![7u8; 4096], "{stack:?}: the read saw half of a write");
+        let mut buf = vec![0u8; 4096];
+        f.read_at(&mut buf, 5 * 4096).unwrap();
+        assert_eq!(buf, vec![9u8; 4096]);
+
+        // A truncate meets a read on the device: it waits for the page, and the read
+        // returns the page or nothing.
+        fs.evict_cache().unwrap();
+        held.hold();
+        let reader = {
+            let f = f.clone();
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 4096];
+                let n = f.read_at(&mut buf, 3 * 4096).unwrap();
+                buf.truncate(n);
+                buf
+            })
+        };
+        let t = std::time::Instant::now();
+        while held.waiting() == 0 {
+            assert!(t.elapsed() < Duration::from_secs(10), "{stack:?}: the read never reached the device");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let truncate = {
+            let f = f.clone();
+            std::thread::spawn(move || f.set_len(0).unwrap())
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        held.release();
+        truncate.join().unwrap();
+        let got = reader.join().unwrap();
+        assert!(got.is_empty() || got == page(3), "{stack:?}: a read racing a truncate got {} bytes", got.len());
+        assert_eq!(f.metadata().unwrap().size, 0);
+        drop(f);
+        fs.unmount().unwrap();
+        fsck_clean(&*held.inner);
+    }
+}

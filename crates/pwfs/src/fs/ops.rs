@@ -15,6 +15,8 @@ use crate::commit::{entry_cost, Need};
 use crate::config::Stack;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::{self as f, BLOCK, BLOCK_SIZE};
+use crate::lock::ReadGuard;
+use crate::nbw::StartedFetch;
 use crate::readahead::RaState;
 use std::io::IoSlice;
 use std::sync::atomic::AtomicU64;
@@ -26,6 +28,25 @@ type Needs = (Vec<u64>, Vec<u64>);
 
 /// An inode's extended attributes, (name, value) in name order.
 type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// What a read's first look at its range found (`Fs::read_prepare`).
+enum Prepared {
+    /// Nothing to read: at or past the end of file, or no bytes asked for.
+    Nothing,
+    /// The pages of the range, and its length cut at the end of file.
+    Pages(Vec<Arc<Page>>, usize),
+    /// The pages of the range, some of them put in the cache just now (Fetching) for
+    /// the caller to read from the device.
+    Misses(Vec<Arc<Page>>, Misses),
+}
+
+/// The device reads of a read's missing pages, started or to be made.
+enum Misses {
+    /// Submitted (the asynchronous stack): `FsInner::finish_fetch`.
+    Started(StartedFetch),
+    /// Not yet (the synchronous stack, a large read): `FsInner::fetch`.
+    Fetch(Vec<Arc<Page>>),
+}
 
 /// ext4's limit; beyond it link() and mkdir() fail with EMLINK.
 pub const LINK_MAX: u32 = 65000;
@@ -1453,8 +1474,7 @@ impl Fs {
         self.inner.check_up()?;
         let cell = self.inner.cell(ino)?;
         let trace = Trace::begin(self.inner.config.trace_io);
-        let _g = cell.io.read();
-        let prepared = self.read_prepare(&cell, &cell.ra, offset, len)?;
+        let (_g, prepared) = self.read_pages(&cell, &cell.ra, offset, len)?;
         // Before the reply: a stat that follows the read sees the new access time.
         if self.inner.config.atime {
             self.touch_atime(&cell);
@@ -1563,24 +1583,62 @@ impl Fs {
     }
 
     fn read_data(&self, cell: &InodeCell, ra: &RaState, offset: u64, buf: &mut [u8]) -> Result<usize> {
-        let _g = cell.io.read();
-        match self.read_prepare(cell, ra, offset, buf.len())? {
-            None => Ok(0),
-            Some((pages, len)) => self.copy_pages(cell.ino, &pages, offset, &mut buf[..len]),
+        match self.read_pages(cell, ra, offset, buf.len())? {
+            (_g, None) => Ok(0),
+            (_g, Some((pages, len))) => self.copy_pages(cell.ino, &pages, offset, &mut buf[..len]),
         }
+    }
+
+    /// The pages of a read of `len` bytes at `offset` (`read_prepare`) and the file's
+    /// access lock held for reading, for the caller to copy them under. The pages this
+    /// read puts on the device are waited for without the lock, and the range looked
+    /// at again under it: a writer of the file does not wait for a reader's device
+    /// read (as for readahead and the fetcher: a truncate finds such pages in the cache
+    /// and waits for them), while a read still never sees half of a write. None when
+    /// there is nothing to read.
+    #[allow(clippy::type_complexity)]
+    fn read_pages<'c>(
+        &self,
+        cell: &'c InodeCell,
+        ra: &RaState,
+        offset: u64,
+        len: usize,
+    ) -> Result<(ReadGuard<'c, ()>, Option<(Vec<Arc<Page>>, usize)>)> {
+        let g = cell.io.read();
+        let (held, misses) = match self.read_prepare(cell, Some(ra), offset, len, false)? {
+            Prepared::Nothing => return Ok((g, None)),
+            Prepared::Pages(pages, len) => return Ok((g, Some((pages, len)))),
+            Prepared::Misses(pages, misses) => (pages, misses),
+        };
+        drop(g);
+        match misses {
+            Misses::Started(s) => self.inner.finish_fetch(s)?,
+            Misses::Fetch(pages) => self.inner.fetch(cell.ino, pages)?,
+        }
+        // The pages read stay referenced (not evicted) until the second look has them.
+        let g = cell.io.read();
+        let again = match self.read_prepare(cell, None, offset, len, true)? {
+            Prepared::Nothing => None,
+            Prepared::Pages(pages, len) => Some((pages, len)),
+            Prepared::Misses(..) => unreachable!("read_prepare waits for its misses when told to"),
+        };
+        drop(held);
+        Ok((g, again))
     }
 
     /// The pages of a read of `len` bytes at `offset`, with the caller holding the
     /// file's access lock for reading: cached ones, the others put on the device
-    /// (readahead started too), and the length cut at the end of file. None when
-    /// there is nothing to read.
+    /// (readahead started too, when `ra` is given), and the length cut at the end of
+    /// file. With `wait`, the pages put on the device are waited for here; without,
+    /// they are handed back to the caller to wait for (`Prepared::Misses`).
     fn read_prepare(
         &self,
         cell: &InodeCell,
-        ra: &RaState,
+        ra: Option<&RaState>,
         offset: u64,
         len: usize,
-    ) -> Result<Option<(Vec<Arc<Page>>, usize)>> {
+        wait: bool,
+    ) -> Result<Prepared> {
         let ino = cell.ino;
         if cell.freed() {
             return Err(Error::not_found(format!("inode {ino} is not in use")));
@@ -1590,29 +1648,42 @@ impl Fs {
         }
         let size = cell.size();
         if offset >= size || len == 0 {
-            return Ok(None);
+            return Ok(Prepared::Nothing);
         }
         let len = (len as u64).min(size - offset) as usize;
         let (first, last) = (offset / BLOCK, (offset + len as u64 - 1) / BLOCK);
-        self.inner.readahead(ino, ra, offset, len as u64, size);
+        if let Some(ra) = ra {
+            self.inner.readahead(ino, ra, offset, len as u64, size);
+        }
         cell.note_pages(last + 1);
         // The asynchronous path reads a request's pages in one batch; a request of more
         // than 256 pages takes the chunked path (pages readable a chunk at a time).
-        let pages = if self.inner.config.stack == Stack::Async && last - first < 256 {
-            self.inner.read_pages_async(cell, first, last - first + 1)?
-        } else {
-            let mut pages = Vec::with_capacity((last - first + 1) as usize);
-            let mut missing = Vec::new();
-            for (p, new) in self.inner.cache.get_or_insert_range(ino, first, last - first + 1) {
-                if new {
-                    missing.push(p.clone());
+        if self.inner.config.stack == Stack::Async && last - first < 256 {
+            return match self.inner.read_pages_start(cell, first, last - first + 1)? {
+                (pages, None) => Ok(Prepared::Pages(pages, len)),
+                (pages, Some(s)) if wait => {
+                    self.inner.finish_fetch(s)?;
+                    Ok(Prepared::Pages(pages, len))
                 }
-                pages.push(p);
+                (pages, Some(s)) => Ok(Prepared::Misses(pages, Misses::Started(s))),
+            };
+        }
+        let mut pages = Vec::with_capacity((last - first + 1) as usize);
+        let mut missing = Vec::new();
+        for (p, new) in self.inner.cache.get_or_insert_range(ino, first, last - first + 1) {
+            if new {
+                missing.push(p.clone());
             }
+            pages.push(p);
+        }
+        if missing.is_empty() {
+            return Ok(Prepared::Pages(pages, len));
+        }
+        if wait {
             self.inner.fetch(ino, missing)?;
-            pages
-        };
-        Ok(Some((pages, len)))
+            return Ok(Prepared::Pages(pages, len));
+        }
+        Ok(Prepared::Misses(pages, Misses::Fetch(missing)))
     }
 
     /// Write `data` at `offset` (or at the end of file when `append`); returns the
