@@ -326,6 +326,15 @@ impl PageCache {
         out
     }
 
+    /// Whether pages `first..first + pages.len()` of `ino` in the cache are these very
+    /// pages (none dropped or replaced since they were found). Not an access of them.
+    pub fn holds(&self, ino: u64, first: u64, pages: &[Arc<Page>]) -> bool {
+        pages
+            .iter()
+            .zip(first..)
+            .all(|(p, idx)| self.shard((ino, idx)).map.read().pages.get(&(ino, idx)).is_some_and(|q| Arc::ptr_eq(p, q)))
+    }
+
     fn hit(&self, slot: usize, n: u64) {
         if n > 0 {
             self.hits[slot].fetch_add(n, Ordering::Relaxed);

@@ -487,8 +487,9 @@ impl pwfs::device::Device for HeldReads {
 /// wait is made without the file's lock (`Fs::read_pages`), under both stacks. A
 /// write to another page and an overwrite of the page being read both return while
 /// the read is still on the device; the read then returns the page as it was or as
-/// the overwrite left it, never a mix, and a truncate waits for the page and leaves
-/// the read with the data or nothing.
+/// the overwrite left it, never a mix (also for a second reader that found the page
+/// on its way for the first), and a truncate waits for the page and leaves the read
+/// with the data or nothing.
 #[test]
 fn a_reader_waiting_for_the_device_does_not_hold_up_writers() {
     for stack in [Stack::Async, Stack::Sync] {
@@ -521,6 +522,18 @@ fn a_reader_waiting_for_the_device_does_not_hold_up_writers() {
             assert!(t.elapsed() < Duration::from_secs(10), "{stack:?}: the read never reached the device");
             std::thread::sleep(Duration::from_millis(1));
         }
+        // A second reader of the page finds it on its way for the first, and waits
+        // for it without the file's lock too.
+        let second = {
+            let f = f.clone();
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 4096];
+                let n = f.read_at(&mut buf, 0).unwrap();
+                buf.truncate(n);
+                buf
+            })
+        };
+        std::thread::sleep(Duration::from_millis(20));
         let writes = {
             let f = f.clone();
             std::thread::spawn(move || {
@@ -539,8 +552,10 @@ fn a_reader_waiting_for_the_device_does_not_hold_up_writers() {
         writes.join().unwrap();
         assert_eq!(held.waiting(), 1, "{stack:?}: the read is still on the device");
         held.release();
-        let got = reader.join().unwrap();
-        assert!(got == page(0) || got == vec![7u8; 4096], "{stack:?}: the read saw half of a write");
+        for r in [reader, second] {
+            let got = r.join().unwrap();
+            assert!(got == page(0) || got == vec![7u8; 4096], "{stack:?}: the read saw half of a write");
+        }
         let mut buf = vec![0u8; 4096];
         f.read_at(&mut buf, 5 * 4096).unwrap();
         assert_eq!(buf, vec![9u8; 4096]);
@@ -568,6 +583,7 @@ fn a_reader_waiting_for_the_device_does_not_hold_up_writers() {
             std::thread::spawn(move || f.set_len(0).unwrap())
         };
         std::thread::sleep(Duration::from_millis(20));
+        assert!(!truncate.is_finished(), "{stack:?}: a truncate did not wait for a page being read");
         held.release();
         truncate.join().unwrap();
         let got = reader.join().unwrap();

@@ -35,17 +35,20 @@ enum Prepared {
     Nothing,
     /// The pages of the range, and its length cut at the end of file.
     Pages(Vec<Arc<Page>>, usize),
-    /// The pages of the range, some of them put in the cache just now (Fetching) for
-    /// the caller to read from the device.
+    /// The pages of the range, some of them not readable yet (Fetching): put in the
+    /// cache just now for the caller to read from the device, or on their way for
+    /// another thread.
     Misses(Vec<Arc<Page>>, Misses),
 }
 
-/// The device reads of a read's missing pages, started or to be made.
+/// What a read waits for, without the file's lock, before it copies.
 enum Misses {
     /// Submitted (the asynchronous stack): `FsInner::finish_fetch`.
     Started(StartedFetch),
     /// Not yet (the synchronous stack, a large read): `FsInner::fetch`.
     Fetch(Vec<Arc<Page>>),
+    /// Pages in another thread's fetch: waited for (`Page::wait`).
+    Busy(Vec<Arc<Page>>),
 }
 
 /// ext4's limit; beyond it link() and mkdir() fail with EMLINK.
@@ -1605,7 +1608,7 @@ impl Fs {
         len: usize,
     ) -> Result<(ReadGuard<'c, ()>, Option<(Vec<Arc<Page>>, usize)>)> {
         let g = cell.io.read();
-        let (held, misses) = match self.read_prepare(cell, Some(ra), offset, len, false)? {
+        let (mut held, misses) = match self.read_prepare(cell, Some(ra), offset, len, false)? {
             Prepared::Nothing => return Ok((g, None)),
             Prepared::Pages(pages, len) => return Ok((g, Some((pages, len)))),
             Prepared::Misses(pages, misses) => (pages, misses),
@@ -1614,16 +1617,48 @@ impl Fs {
         match misses {
             Misses::Started(s) => self.inner.finish_fetch(s)?,
             Misses::Fetch(pages) => self.inner.fetch(cell.ino, pages)?,
+            Misses::Busy(pages) => pages.iter().for_each(|p| drop(p.wait())),
         }
-        // The pages read stay referenced (not evicted) until the second look has them.
+        // The second look: the pages of the first (held, so not evicted), if the cache
+        // still has them and the range is no longer (a truncate, punch or collapse
+        // took them, a write grew the file); else a whole new look. The first look
+        // counted and aged them: this one does not again.
         let g = cell.io.read();
-        let again = match self.read_prepare(cell, None, offset, len, true)? {
-            Prepared::Nothing => None,
-            Prepared::Pages(pages, len) => Some((pages, len)),
-            Prepared::Misses(..) => unreachable!("read_prepare waits for its misses when told to"),
+        let again = match self.read_span(cell, offset, len)? {
+            None => None,
+            Some(n) => {
+                let pages = (offset + n as u64 - 1) / BLOCK - offset / BLOCK + 1;
+                if pages as usize <= held.len()
+                    && self.inner.cache.holds(cell.ino, offset / BLOCK, &held[..pages as usize])
+                {
+                    held.truncate(pages as usize);
+                    Some((held, n))
+                } else {
+                    match self.read_prepare(cell, None, offset, len, true)? {
+                        Prepared::Nothing => None,
+                        Prepared::Pages(pages, n) => Some((pages, n)),
+                        Prepared::Misses(..) => unreachable!("read_prepare waits for its misses when told to"),
+                    }
+                }
+            }
         };
-        drop(held);
         Ok((g, again))
+    }
+
+    /// The bytes a read of `len` at `offset` gets (cut at the end of file), None when
+    /// none: with the caller holding the file's access lock for reading.
+    fn read_span(&self, cell: &InodeCell, offset: u64, len: usize) -> Result<Option<usize>> {
+        if cell.freed() {
+            return Err(Error::not_found(format!("inode {} is not in use", cell.ino)));
+        }
+        if cell.is_dir() {
+            return Err(Error::is_dir(""));
+        }
+        let size = cell.size();
+        if offset >= size || len == 0 {
+            return Ok(None);
+        }
+        Ok(Some((len as u64).min(size - offset) as usize))
     }
 
     /// The pages of a read of `len` bytes at `offset`, with the caller holding the
@@ -1640,27 +1675,19 @@ impl Fs {
         wait: bool,
     ) -> Result<Prepared> {
         let ino = cell.ino;
-        if cell.freed() {
-            return Err(Error::not_found(format!("inode {ino} is not in use")));
-        }
-        if cell.is_dir() {
-            return Err(Error::is_dir(""));
-        }
-        let size = cell.size();
-        if offset >= size || len == 0 {
+        let Some(len) = self.read_span(cell, offset, len)? else {
             return Ok(Prepared::Nothing);
-        }
-        let len = (len as u64).min(size - offset) as usize;
+        };
         let (first, last) = (offset / BLOCK, (offset + len as u64 - 1) / BLOCK);
         if let Some(ra) = ra {
-            self.inner.readahead(ino, ra, offset, len as u64, size);
+            self.inner.readahead(ino, ra, offset, len as u64, cell.size());
         }
         cell.note_pages(last + 1);
         // The asynchronous path reads a request's pages in one batch; a request of more
         // than 256 pages takes the chunked path (pages readable a chunk at a time).
         if self.inner.config.stack == Stack::Async && last - first < 256 {
             return match self.inner.read_pages_start(cell, first, last - first + 1)? {
-                (pages, None) => Ok(Prepared::Pages(pages, len)),
+                (pages, None) => Ok(self.found(pages, len, wait)),
                 (pages, Some(s)) if wait => {
                     self.inner.finish_fetch(s)?;
                     Ok(Prepared::Pages(pages, len))
@@ -1677,13 +1704,28 @@ impl Fs {
             pages.push(p);
         }
         if missing.is_empty() {
-            return Ok(Prepared::Pages(pages, len));
+            return Ok(self.found(pages, len, wait));
         }
         if wait {
             self.inner.fetch(ino, missing)?;
             return Ok(Prepared::Pages(pages, len));
         }
         Ok(Prepared::Misses(pages, Misses::Fetch(missing)))
+    }
+
+    /// A read's pages, all found in the cache: without `wait`, those still on their
+    /// way from the device for another thread (readahead, another reader, the fetcher)
+    /// are handed back to be waited for without the file's lock, as the read's own
+    /// misses are. (A page whose lock is held just now counts as readable.)
+    fn found(&self, pages: Vec<Arc<Page>>, len: usize, wait: bool) -> Prepared {
+        let arriving = |p: &Arc<Page>| {
+            p.try_lock().is_some_and(|g| g.buf.is_none() && !g.failed && g.state != PageState::Outdated)
+        };
+        if wait || !pages.iter().any(arriving) {
+            return Prepared::Pages(pages, len);
+        }
+        let busy = pages.iter().filter(|p| arriving(p)).cloned().collect();
+        Prepared::Misses(pages, Misses::Busy(busy))
     }
 
     /// Write `data` at `offset` (or at the end of file when `append`); returns the
