@@ -437,6 +437,26 @@ impl HeldReads {
     fn waiting(&self) -> usize {
         self.gate.0.lock().unwrap().1
     }
+
+    /// Wait (up to 10 s) until a read waits at the gate.
+    fn wait_for_a_read(&self, stack: Stack) {
+        let t = std::time::Instant::now();
+        while self.waiting() == 0 {
+            assert!(t.elapsed() < Duration::from_secs(10), "{stack:?}: the read never reached the device");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// Page `p` of `f` read on a thread of its own: the bytes read.
+fn read_page_on_a_thread(f: &Arc<pwfs::File>, p: u64) -> std::thread::JoinHandle<Vec<u8>> {
+    let f = f.clone();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 4096];
+        let n = f.read_at(&mut buf, p * 4096).unwrap();
+        buf.truncate(n);
+        buf
+    })
 }
 
 /// A batch of reads that waits at the gate before it runs.
@@ -508,31 +528,11 @@ fn a_reader_waiting_for_the_device_does_not_hold_up_writers() {
         let fs = Fs::mount(held.clone(), cfg).unwrap();
         let f = Arc::new(OpenOptions::new().read(true).write(true).open(&fs, "/f").unwrap());
         held.hold();
-        let reader = {
-            let f = f.clone();
-            std::thread::spawn(move || {
-                let mut buf = vec![0u8; 4096];
-                let n = f.read_at(&mut buf, 0).unwrap();
-                buf.truncate(n);
-                buf
-            })
-        };
-        let t = std::time::Instant::now();
-        while held.waiting() == 0 {
-            assert!(t.elapsed() < Duration::from_secs(10), "{stack:?}: the read never reached the device");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        let reader = read_page_on_a_thread(&f, 0);
+        held.wait_for_a_read(stack);
         // A second reader of the page finds it on its way for the first, and waits
         // for it without the file's lock too.
-        let second = {
-            let f = f.clone();
-            std::thread::spawn(move || {
-                let mut buf = vec![0u8; 4096];
-                let n = f.read_at(&mut buf, 0).unwrap();
-                buf.truncate(n);
-                buf
-            })
-        };
+        let second = read_page_on_a_thread(&f, 0);
         std::thread::sleep(Duration::from_millis(20));
         let writes = {
             let f = f.clone();
@@ -564,20 +564,8 @@ fn a_reader_waiting_for_the_device_does_not_hold_up_writers() {
         // returns the page or nothing.
         fs.evict_cache().unwrap();
         held.hold();
-        let reader = {
-            let f = f.clone();
-            std::thread::spawn(move || {
-                let mut buf = vec![0u8; 4096];
-                let n = f.read_at(&mut buf, 3 * 4096).unwrap();
-                buf.truncate(n);
-                buf
-            })
-        };
-        let t = std::time::Instant::now();
-        while held.waiting() == 0 {
-            assert!(t.elapsed() < Duration::from_secs(10), "{stack:?}: the read never reached the device");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        let reader = read_page_on_a_thread(&f, 3);
+        held.wait_for_a_read(stack);
         let truncate = {
             let f = f.clone();
             std::thread::spawn(move || f.set_len(0).unwrap())
