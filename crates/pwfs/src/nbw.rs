@@ -54,17 +54,7 @@ impl PageData {
     /// Whether the patches together cover every byte of the page (its old data is
     /// then not needed at all).
     pub fn patches_cover_page(&self) -> bool {
-        let mut runs: Vec<(usize, usize)> =
-            self.patches.iter().map(|p| (p.offset as usize, p.offset as usize + p.data.len())).collect();
-        runs.sort_unstable();
-        let mut covered = 0;
-        for (s, e) in runs {
-            if s > covered {
-                return false;
-            }
-            covered = covered.max(e);
-        }
-        covered >= BLOCK_SIZE
+        self.patches_cover(0, BLOCK_SIZE)
     }
 
     /// Bytes held in patches.
@@ -92,18 +82,21 @@ impl PageData {
         covered >= offset + len
     }
 
-    /// Copy `out.len()` bytes at `offset` from the patches if they cover all of them.
+    /// Copy `out.len()` bytes at `offset` from the patches if they cover all of them
+    /// (in their order: a later patch over an earlier one); false, copying nothing,
+    /// if they do not.
     pub fn read_patches(&self, offset: usize, out: &mut [u8]) -> bool {
-        let mut covered = vec![false; out.len()];
+        if !self.patches_cover(offset, out.len()) {
+            return false;
+        }
         for p in &self.patches {
             let (ps, pe) = (p.offset as usize, p.offset as usize + p.data.len());
             let (s, e) = (ps.max(offset), pe.min(offset + out.len()));
             if s < e {
                 out[s - offset..e - offset].copy_from_slice(&p.data[s - ps..e - ps]);
-                covered[s - offset..e - offset].iter_mut().for_each(|c| *c = true);
             }
         }
-        covered.iter().all(|c| *c)
+        true
     }
 }
 

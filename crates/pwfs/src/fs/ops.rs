@@ -1721,10 +1721,11 @@ impl Fs {
         let arriving = |p: &Arc<Page>| {
             p.try_lock().is_some_and(|g| g.buf.is_none() && !g.failed && g.state != PageState::Outdated)
         };
-        if wait || !pages.iter().any(arriving) {
+        let busy: Vec<Arc<Page>> =
+            if wait { Vec::new() } else { pages.iter().filter(|p| arriving(p)).cloned().collect() };
+        if busy.is_empty() {
             return Prepared::Pages(pages, len);
         }
-        let busy = pages.iter().filter(|p| arriving(p)).cloned().collect();
         Prepared::Misses(pages, Misses::Busy(busy))
     }
 
