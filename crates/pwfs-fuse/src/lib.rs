@@ -988,7 +988,9 @@ impl Filesystem for PwFuse {
         const _: () = assert!(MAX_WRITE as usize / 4096 + 2 <= 1024);
         self.view.touch(ino.0);
         let mut reply = Some(reply);
-        let sent = self.fs.read_with(ino.0, offset, size as usize, |iov| {
+        // The kernel keeps what it reads unless files are opened for direct I/O.
+        let kept = self.cache != KernelCache::Off;
+        let sent = self.fs.read_with(ino.0, offset, size as usize, kept, |iov| {
             if let Some(r) = reply.take() {
                 r.data_vectored(iov);
             }

@@ -606,6 +606,42 @@ impl PageCache {
         out
     }
 
+    /// Drop-behind: forget the pages `first..first + n` of `ino` that nothing else
+    /// needs (clean, up to date, without patches, held by no one but the cache), once
+    /// a sequential reader has handed them to a cache of its own (the kernel's page
+    /// cache of a FUSE mount). Kept, they would only wait for the CLOCK sweep, whose
+    /// visit of a cold page costs a cache miss or two, while holding room that data
+    /// only this cache has could use. Counted as evictions; returns how many went.
+    pub fn drop_behind(&self, ino: u64, first: u64, n: u64) -> usize {
+        let mut dropped = 0;
+        let mut idx = first;
+        while idx < first + n {
+            let end = (((idx >> GROUP_SHIFT) + 1) << GROUP_SHIFT).min(first + n);
+            let shard = self.shard((ino, idx));
+            let mut m = shard.map.write();
+            let dirty = shard.dirty.lock();
+            let mut here = 0;
+            for key in (idx..end).map(|i| (ino, i)) {
+                let idle = m.pages.get(&key).is_some_and(|p| {
+                    Arc::strong_count(p) == 1
+                        && !dirty.contains(&key)
+                        && p.data
+                            .try_lock()
+                            .is_some_and(|g| g.state == PageState::UpToDate && !g.failed && g.patches.is_empty())
+                });
+                if let Some(p) = idle.then(|| m.pages.remove(&key)).flatten() {
+                    p.listed.store(false, Ordering::Release);
+                    here += 1;
+                }
+            }
+            shard.stats.evictions.fetch_add(here as u64, Ordering::Relaxed);
+            dropped += here;
+            idx = end;
+        }
+        self.pages.fetch_sub(dropped, Ordering::Relaxed);
+        dropped
+    }
+
     /// Forget every page of `ino` at or past page `from` and before `end` (the caller
     /// knows that no page at or past `end` was ever inserted: truncate, delete).
     /// Returns the pages dropped (the caller settles their patch accounting). Only the

@@ -20,6 +20,13 @@ impl Default for RaState {
     }
 }
 
+impl RaState {
+    /// Whether a read at `offset` continues the last one (a sequential stream).
+    pub fn continues(&self, offset: u64) -> bool {
+        self.0.lock().0 == offset
+    }
+}
+
 type RaQueue = Arc<Mutex<std::sync::mpsc::Receiver<(u64, u64, u64)>>>;
 
 pub(crate) fn readahead_thread(fs: Weak<FsInner>, rx: RaQueue) {

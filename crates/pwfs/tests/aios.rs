@@ -582,3 +582,75 @@ fn a_reader_waiting_for_the_device_does_not_hold_up_writers() {
         fsck_clean(&*held.inner);
     }
 }
+
+/// Drop-behind: a sequential stream read for a caller that keeps what it reads (a FUSE
+/// mount whose kernel caches file data) leaves the engine's cache behind it. The
+/// first read of a stream, random reads, a caller that keeps nothing, and a page
+/// holding a write not yet on disk stay cached, and every byte read is right.
+#[test]
+fn a_stream_read_into_another_cache_is_dropped_behind_it() {
+    const PIECE: usize = 64 * 1024;
+    let (dev, fs) = mem_fs(64 * MIB);
+    let data: Vec<u8> = (0..2 * MIB as usize).map(|i| (i % 251) as u8).collect();
+    fs.write_file("/kept", &data).unwrap();
+    fs.write_file("/not", &data).unwrap();
+    fs.sync().unwrap();
+    fs.evict_cache().unwrap();
+    let kept = fs.metadata("/kept").unwrap().ino;
+    let not = fs.metadata("/not").unwrap().ino;
+    // Page 40 of /kept written whole, not yet written back: dirty, up to date, no
+    // patches (a partial write would leave patches, which keep a page too).
+    let f = OpenOptions::new().read(true).write(true).open(&fs, "/kept").unwrap();
+    let page40 = vec![0xa5u8; 4096];
+    f.write_at(&page40, 40 * 4096).unwrap();
+    let mut want = data.clone();
+    want[40 * 4096..41 * 4096].copy_from_slice(&page40);
+    let evictions = || fs.cache_stats().2;
+    let read = |ino: u64, offset: u64, keep: bool| {
+        let got =
+            fs.read_with(ino, offset, PIECE, keep, |s| s.iter().flat_map(|s| s.iter().copied()).collect::<Vec<u8>>());
+        got.unwrap()
+    };
+
+    // Random reads and the first read of a stream: nothing dropped.
+    let before = evictions();
+    for offset in [5 * PIECE as u64, 0, 17 * PIECE as u64, 3 * PIECE as u64] {
+        assert_eq!(read(kept, offset, true), want[offset as usize..offset as usize + PIECE]);
+    }
+    assert_eq!(evictions(), before, "random reads keep their pages");
+
+    // A stream: each read after the first continues the one before it.
+    let before = evictions();
+    for i in 0..16u64 {
+        let offset = 16 * PIECE as u64 + i * PIECE as u64;
+        assert_eq!(read(kept, offset, true), want[offset as usize..offset as usize + PIECE]);
+    }
+    let dropped = evictions() - before;
+    // 15 continuing reads of 16 pages (pages 272..512), less any page another thread
+    // (readahead) held at that moment.
+    assert!(dropped > 12 * 16 && dropped <= 15 * 16, "{dropped} pages dropped behind the stream");
+
+    // The same stream for a caller that keeps nothing.
+    let before = evictions();
+    for i in 0..16u64 {
+        let offset = i * PIECE as u64;
+        assert_eq!(read(not, offset, false), data[offset as usize..offset as usize + PIECE]);
+    }
+    assert_eq!(evictions(), before, "a caller without a cache of its own keeps the engine's");
+
+    // Over the dirty page: streamed and dropped around, never lost.
+    let before = evictions();
+    for i in 0..16u64 {
+        let offset = i * PIECE as u64;
+        assert_eq!(read(kept, offset, true), want[offset as usize..offset as usize + PIECE]);
+    }
+    assert!(evictions() > before);
+    fs.sync().unwrap();
+    fs.evict_cache().unwrap();
+    let mut back = vec![0u8; want.len()];
+    assert_eq!(f.read_at(&mut back, 0).unwrap(), want.len());
+    assert_eq!(back, want, "the write to the dirty page survived the stream");
+    drop(f);
+    drop(fs);
+    fsck_clean(&*dev);
+}

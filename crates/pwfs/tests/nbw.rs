@@ -447,7 +447,7 @@ fn read_with_hands_over_what_read_copies() {
         f.set_len(80 * 1024).unwrap();
         data.resize(80 * 1024, 0);
         let joined = |offset: u64, len: usize| {
-            fs.read_with(ino, offset, len, |slices| {
+            fs.read_with(ino, offset, len, false, |slices| {
                 (slices.len(), slices.iter().flat_map(|s| s.iter().copied()).collect::<Vec<u8>>())
             })
             .unwrap()
