@@ -976,7 +976,7 @@ impl Filesystem for PwFuse {
         _fh: FileHandle,
         offset: u64,
         size: u32,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyData,
     ) {
@@ -988,8 +988,14 @@ impl Filesystem for PwFuse {
         const _: () = assert!(MAX_WRITE as usize / 4096 + 2 <= 1024);
         self.view.touch(ino.0);
         let mut reply = Some(reply);
-        // The kernel keeps what it reads unless files are opened for direct I/O.
-        let kept = self.cache != KernelCache::Off;
+        // Whether the kernel keeps what this read gets (drop-behind, `Fs::read_with`):
+        // not through a descriptor opened O_DIRECT, nor in direct-I/O mode, nor (to be
+        // safe) through an appending handle in write-back mode, which an append-only
+        // file's open makes direct I/O.
+        let f = flags.0;
+        let kept = self.cache != KernelCache::Off
+            && f & libc::O_DIRECT == 0
+            && !(self.cache == KernelCache::WriteBack && f & libc::O_APPEND != 0);
         let sent = self.fs.read_with(ino.0, offset, size as usize, kept, |iov| {
             if let Some(r) = reply.take() {
                 r.data_vectored(iov);

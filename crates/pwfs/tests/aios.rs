@@ -590,7 +590,9 @@ fn a_reader_waiting_for_the_device_does_not_hold_up_writers() {
 #[test]
 fn a_stream_read_into_another_cache_is_dropped_behind_it() {
     const PIECE: usize = 64 * 1024;
-    let (dev, fs) = mem_fs(64 * MIB);
+    let image = formatted_image(64 * MIB, &MkfsOptions::default());
+    // A cache far larger than the files: every eviction counted is a drop-behind.
+    let (dev, fs) = sim_fs(image, SimConfig::default(), Config { cache_bytes: 64 * MIB, ..test_config() });
     let data: Vec<u8> = (0..2 * MIB as usize).map(|i| (i % 251) as u8).collect();
     fs.write_file("/kept", &data).unwrap();
     fs.write_file("/not", &data).unwrap();
@@ -629,6 +631,16 @@ fn a_stream_read_into_another_cache_is_dropped_behind_it() {
     // 15 continuing reads of 16 pages (pages 272..512), less any page another thread
     // (readahead) held at that moment.
     assert!(dropped > 12 * 16 && dropped <= 15 * 16, "{dropped} pages dropped behind the stream");
+    // And stay dropped: readahead queued before the reader passed those pages does not
+    // fetch them again once it runs. Read back in reverse (no stream, no readahead),
+    // each piece comes from the device.
+    fs.wait_readahead();
+    for i in (17..32u64).rev() {
+        let reads = dev.stats().reads;
+        let offset = i * PIECE as u64;
+        assert_eq!(read(kept, offset, false), want[offset as usize..offset as usize + PIECE]);
+        assert!(dev.stats().reads > reads, "piece {i} was cached again after it was dropped behind");
+    }
 
     // The same stream for a caller that keeps nothing.
     let before = evictions();

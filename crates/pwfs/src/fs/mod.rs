@@ -138,7 +138,7 @@ pub(crate) struct FsInner {
     /// holds the file system (and its device, and the image lock) after an unmount.
     pub(crate) helpers: Mutex<Vec<JoinHandle<()>>>,
     /// The background readers' queue.
-    pub(crate) ra_queue: Mutex<Option<std::sync::mpsc::Sender<(u64, u64, u64)>>>,
+    pub(crate) ra_queue: Mutex<Option<std::sync::mpsc::Sender<crate::readahead::RaRequest>>>,
     /// Readahead requests queued or being read.
     pub(crate) ra_pending: AtomicU64,
     /// Pages with patches for the fetcher thread (AsyncForeground/AsyncBackground).
@@ -521,12 +521,17 @@ impl Fs {
     /// still in flight is waited for first, so that it neither lands in the cache
     /// afterwards nor keeps the device busy for whoever runs next.
     pub fn evict_cache(&self) -> Result<()> {
-        while self.inner.ra_pending.load(Ordering::Acquire) > 0 {
-            std::thread::sleep(std::time::Duration::from_micros(100));
-        }
+        self.wait_readahead();
         self.inner.commit()?;
         self.inner.cache.evict_clean();
         Ok(())
+    }
+
+    /// Wait until no readahead is queued or running.
+    pub fn wait_readahead(&self) {
+        while self.inner.ra_pending.load(Ordering::Acquire) > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
     }
 
     pub fn cache_stats(&self) -> (u64, u64, u64) {
