@@ -585,20 +585,30 @@ impl PageCache {
     }
 
     /// `take_dirty` for the pages of the inodes in `inos` only.
+    ///
+    /// Each shard's dirty set is walked once when it is the smaller side, and looked up
+    /// per inode otherwise: a write-back of many small files (a file server's) made
+    /// a range query per inode in every shard, most of them empty (64 shards × a few
+    /// hundred inodes a round: 2% of both CPUs in the fileserver-like workload).
     pub fn take_dirty_of(&self, inos: &BTreeSet<u64>) -> Vec<Arc<Page>> {
         let mut out = Vec::new();
         for shard in self.shards.iter() {
             let m = shard.map.read();
             let mut d = shard.dirty.lock();
-            for ino in inos {
-                let keys: Vec<Key> = d.range((*ino, 0)..=(*ino, u64::MAX)).copied().collect();
-                for k in keys {
-                    d.remove(&k);
-                    self.dirty.fetch_sub(1, Ordering::Relaxed);
-                    if let Some(p) = m.pages.get(&k) {
-                        p.listed.store(false, Ordering::Release);
-                        out.push(p.clone());
-                    }
+            if d.is_empty() {
+                continue;
+            }
+            let keys: Vec<Key> = if d.len() <= 4 * inos.len() {
+                d.iter().filter(|k| inos.contains(&k.0)).copied().collect()
+            } else {
+                inos.iter().flat_map(|ino| d.range((*ino, 0)..=(*ino, u64::MAX))).copied().collect()
+            };
+            for k in keys {
+                d.remove(&k);
+                self.dirty.fetch_sub(1, Ordering::Relaxed);
+                if let Some(p) = m.pages.get(&k) {
+                    p.listed.store(false, Ordering::Release);
+                    out.push(p.clone());
                 }
             }
         }
@@ -883,6 +893,34 @@ mod tests {
         assert!(!pages[3].listed(), "dropped: no longer listed");
         assert!(pages[2].listed());
         assert_eq!(cache.dirty_count(), 1);
+    }
+
+    /// `take_dirty_of` takes exactly the dirty pages of the inodes asked for, whether
+    /// it walks a shard's dirty set (few dirty pages, many inodes asked) or looks each
+    /// inode up (many dirty pages, few inodes asked), and leaves the others dirty.
+    #[test]
+    fn take_dirty_of_takes_the_inodes_asked_for_either_way() {
+        let cache = PageCache::new(16 * 256);
+        assert!(cache.shards.len() > 1);
+        // Inodes 1..=40 with 3 dirty pages each, inode 100 with 600.
+        for ino in (1..=40).chain([100]) {
+            let n = if ino == 100 { 600 } else { 3 };
+            cache.get_or_insert_range(ino, 0, n).into_iter().for_each(|(p, _)| fill(&p));
+            cache.mark_dirty_range(ino, 0, n);
+        }
+        let keys = |v: Vec<Arc<Page>>| v.iter().map(|p| p.key).collect::<Vec<Key>>();
+        // Many inodes asked, some with nothing dirty (200, 300).
+        let many: BTreeSet<u64> = (1..=30).chain([200, 300]).collect();
+        let want: Vec<Key> = (1..=30).flat_map(|ino| (0..3).map(move |i| (ino, i))).collect();
+        assert_eq!(keys(cache.take_dirty_of(&many)), want);
+        // One inode asked among many dirty pages.
+        let one: BTreeSet<u64> = [100].into();
+        assert_eq!(keys(cache.take_dirty_of(&one)), (0..600).map(|i| (100, i)).collect::<Vec<Key>>());
+        assert_eq!(cache.dirty_count(), 10 * 3);
+        assert_eq!(
+            keys(cache.take_dirty()),
+            (31..=40).flat_map(|ino| (0..3).map(move |i| (ino, i))).collect::<Vec<Key>>()
+        );
     }
 
     /// Readahead finding a page in the cache is not an access: a page read once and
