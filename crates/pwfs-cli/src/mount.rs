@@ -725,6 +725,7 @@ pub fn render_stats(fs: &pwfs::Fs) -> String {
          patch bytes now       {}\n\
          cache hits/misses     {hits}/{misses}\n\
          cache evictions       {evictions}\n\
+         cache dropped behind  {}\n\
          journal commits       {}\n\
          journal checkpoints   {}\n",
         fs.config().fetch,
@@ -738,6 +739,7 @@ pub fn render_stats(fs: &pwfs::Fs) -> String {
         n.patch_memory_fallbacks,
         n.partial_write_fetches,
         n.patch_bytes,
+        fs.cache_dropped_behind(),
         j.commits,
         j.checkpoints,
     ) + &hitchhike

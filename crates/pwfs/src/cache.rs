@@ -166,6 +166,8 @@ impl Page {
 pub struct CacheStats {
     pub misses: AtomicU64,
     pub evictions: AtomicU64,
+    /// Pages dropped behind a stream another cache keeps (`drop_behind`).
+    pub dropped_behind: AtomicU64,
 }
 
 #[derive(Default)]
@@ -268,13 +270,19 @@ impl PageCache {
         self.dirty.load(Ordering::Relaxed)
     }
 
-    /// Hits, misses and evictions so far.
+    fn sum(&self, f: fn(&CacheStats) -> &AtomicU64) -> u64 {
+        self.shards.iter().map(|s| f(&s.stats).load(Ordering::Relaxed)).sum()
+    }
+
+    /// Hits, misses and evictions (by the CLOCK sweep) so far.
     pub fn stats(&self) -> (u64, u64, u64) {
-        let sum = |f: fn(&CacheStats) -> &AtomicU64| -> u64 {
-            self.shards.iter().map(|s| f(&s.stats).load(Ordering::Relaxed)).sum()
-        };
         let hits = self.hits.iter().map(|h| h.load(Ordering::Relaxed)).sum();
-        (hits, sum(|s| &s.misses), sum(|s| &s.evictions))
+        (hits, self.sum(|s| &s.misses), self.sum(|s| &s.evictions))
+    }
+
+    /// Pages dropped behind streams so far (`drop_behind`).
+    pub fn dropped_behind(&self) -> u64 {
+        self.sum(|s| &s.dropped_behind)
     }
 
     /// Whether the page is in the cache now (tests).
@@ -621,7 +629,7 @@ impl PageCache {
     /// a sequential reader has handed them to a cache of its own (the kernel's page
     /// cache of a FUSE mount). Kept, they would only wait for the CLOCK sweep, whose
     /// visit of a cold page costs a cache miss or two, while holding room that data
-    /// only this cache has could use. Counted as evictions; returns how many went.
+    /// only this cache has could use. Returns how many went.
     pub fn drop_behind(&self, ino: u64, first: u64, n: u64) -> usize {
         let mut dropped = 0;
         let mut idx = first;
@@ -644,7 +652,7 @@ impl PageCache {
                     here += 1;
                 }
             }
-            shard.stats.evictions.fetch_add(here as u64, Ordering::Relaxed);
+            shard.stats.dropped_behind.fetch_add(here as u64, Ordering::Relaxed);
             dropped += here;
             idx = end;
         }

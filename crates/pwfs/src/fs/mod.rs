@@ -534,8 +534,14 @@ impl Fs {
         }
     }
 
+    /// Cache hits, misses and evictions by the CLOCK sweep.
     pub fn cache_stats(&self) -> (u64, u64, u64) {
         self.inner.cache.stats()
+    }
+
+    /// Cached pages dropped behind sequential streams the FUSE mount's kernel keeps.
+    pub fn cache_dropped_behind(&self) -> u64 {
+        self.inner.cache.dropped_behind()
     }
 
     /// Where the time of read misses and fsyncs went, summed (all zero unless the
