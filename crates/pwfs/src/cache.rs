@@ -274,6 +274,15 @@ impl PageCache {
         self.shards.iter().map(|s| f(&s.stats).load(Ordering::Relaxed)).sum()
     }
 
+    /// Whether the page at `key` can leave the cache: up to date (no patches, no fetch
+    /// in flight, not failed), not dirty, and held by no one but the map. The caller
+    /// holds the shard's map lock for writing and `dirty` (its dirty set).
+    fn evictable(key: &Key, page: &Arc<Page>, dirty: &BTreeSet<Key>) -> bool {
+        !dirty.contains(key)
+            && Arc::strong_count(page) == 1
+            && page.data.try_lock().is_some_and(|g| g.state == PageState::UpToDate)
+    }
+
     /// Hits, misses and evictions (by the CLOCK sweep) so far.
     pub fn stats(&self) -> (u64, u64, u64) {
         let hits = self.hits.iter().map(|h| h.load(Ordering::Relaxed)).sum();
@@ -625,7 +634,7 @@ impl PageCache {
     }
 
     /// Drop-behind: forget the pages `first..first + n` of `ino` that nothing else
-    /// needs (clean, up to date, without patches, held by no one but the cache), once
+    /// needs (`evictable`: what the CLOCK sweep would evict), once
     /// a sequential reader has handed them to a cache of its own (the kernel's page
     /// cache of a FUSE mount). Kept, they would only wait for the CLOCK sweep, whose
     /// visit of a cold page costs a cache miss or two, while holding room that data
@@ -640,13 +649,7 @@ impl PageCache {
             let dirty = shard.dirty.lock();
             let mut here = 0;
             for key in (idx..end).map(|i| (ino, i)) {
-                let idle = m.pages.get(&key).is_some_and(|p| {
-                    Arc::strong_count(p) == 1
-                        && !dirty.contains(&key)
-                        && p.data
-                            .try_lock()
-                            .is_some_and(|g| g.state == PageState::UpToDate && !g.failed && g.patches.is_empty())
-                });
+                let idle = m.pages.get(&key).is_some_and(|p| Self::evictable(&key, p, &dirty));
                 if let Some(p) = idle.then(|| m.pages.remove(&key)).flatten() {
                     p.listed.store(false, Ordering::Release);
                     here += 1;
@@ -725,11 +728,7 @@ impl PageCache {
             let dirty = shard.dirty.lock();
             let Map { pages, clock, .. } = &mut *m;
             let before = pages.len();
-            pages.retain(|k, p| {
-                dirty.contains(k)
-                    || Arc::strong_count(p) > 1
-                    || p.data.try_lock().is_none_or(|g| !matches!(g.state, PageState::UpToDate))
-            });
+            pages.retain(|k, p| !Self::evictable(k, p, &dirty));
             self.pages.fetch_sub(before - pages.len(), Ordering::Relaxed);
             clock.retain(|k| pages.contains_key(k));
         }
@@ -763,10 +762,7 @@ impl PageCache {
                 budget += 1;
                 continue;
             };
-            let clean = !dirty.contains(&k)
-                && Arc::strong_count(p) == 1
-                && p.data.try_lock().is_some_and(|g| g.state == PageState::UpToDate);
-            if !clean {
+            if !Self::evictable(&k, p, &dirty) {
                 m.clock.push_back(k);
                 continue;
             }
